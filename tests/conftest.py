@@ -1,0 +1,70 @@
+"""Shared test policy: what a missing prerequisite means depends on where the tests run."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require(condition: bool, reason: str) -> None:
+    """Skip when a prerequisite is missing; in CI a missing prerequisite is a failure.
+
+    CI provisions Docker and Prometheus itself, so a skip there would hide a broken
+    provisioning step behind a green run.
+    """
+    if condition:
+        return
+    if IN_CI:
+        pytest.fail(f"CI=true but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def docker_available() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    probe = subprocess.run(["docker", "info"], capture_output=True, timeout=20)
+    return probe.returncode == 0
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> None:
+    """A running Docker engine with the compose plugin."""
+    require(docker_available(), "no Docker engine is running (start dockerd, see .ci/run)")
+    compose = subprocess.run(["docker", "compose", "version"], capture_output=True)
+    require(compose.returncode == 0, "the docker compose v2 plugin is missing (.ci/run installs it)")
+
+
+@pytest.fixture(scope="session")
+def prometheus_binary() -> str:
+    """Path to a real Prometheus server binary."""
+    path = shutil.which("prometheus")
+    require(path is not None, "no prometheus binary on PATH (apt-get install prometheus)")
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def promtool_binary() -> str:
+    path = shutil.which("promtool")
+    require(path is not None, "no promtool on PATH (apt-get install prometheus)")
+    return str(path)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # GPU tests never run in CI (no accelerator there); they run on the H200 via the device tool.
+    try:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    except ImportError:
+        has_gpu = False
+    if has_gpu:
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run on the H200, see bench/README.md)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
