@@ -1,0 +1,50 @@
+"""Build info: which SGLang, which patch series, and whether the gather path is on.
+
+The launcher writes it inside the server container (the emulator writes one in the demo); the
+exporter reads it from a volume shared read-only, because the patch marker lives inside the
+SGLang package where no other container can see it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+DEFAULT_PATH = "/run/glmserve/build-info.json"
+ENV_VAR = "GLMSERVE_BUILD_INFO"
+FIELDS = ("sglang_version", "patch_series", "patch_lock_sha256", "fp8_gather", "source")
+
+
+def default_path() -> Path:
+    return Path(os.environ.get(ENV_VAR, DEFAULT_PATH))
+
+
+def write_build_info(path: str | os.PathLike[str], info: dict[str, str]) -> Path:
+    """Write atomically (a reader never sees half a file). Unknown keys are refused."""
+    unknown = set(info) - set(FIELDS)
+    if unknown:
+        raise ValueError(f"unknown build-info keys: {sorted(unknown)}")
+    record = {key: str(info.get(key, "")) for key in FIELDS}
+    if record["fp8_gather"] not in ("on", "off", ""):
+        raise ValueError(f"fp8_gather must be 'on' or 'off', not {record['fp8_gather']!r}")
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".build-info.")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(record, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+    os.replace(tmp, target)
+    return target
+
+
+def read_build_info(path: str | os.PathLike[str]) -> dict[str, str] | None:
+    """The recorded fields, or None when there is no file yet (the server has not started)."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: build info is not a JSON object")
+    return {key: str(raw.get(key, "")) for key in FIELDS}

@@ -1,0 +1,124 @@
+"""The one stream-timing definition, checked against recorded SSE fixtures with an injected clock."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from glmserve.streaming import (
+    Aggregate,
+    SSEDecoder,
+    StreamError,
+    StreamRequest,
+    StreamTimer,
+    percentile,
+    summarize,
+)
+
+HERE = Path(__file__).parent
+GOLDEN = json.loads((HERE / "golden.json").read_text())
+FIXTURES = sorted(name for name in GOLDEN if not name.startswith("_"))
+
+
+def replay(name: str):
+    """Feed a fixture's byte pieces at their recorded times; request sent at t=0."""
+    timer = StreamTimer(t_request=0.0, clock=lambda: pytest.fail("clock must not be read"))
+    last_t = 0.0
+    for line in (HERE / "fixtures" / name).read_text().splitlines():
+        piece = json.loads(line)
+        last_t = piece["t"]
+        timer.feed(piece["bytes"].encode(), now=last_t)
+    return timer.finish(now=last_t)
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_fixture_matches_golden_timing(name: str) -> None:
+    """Each recorded stream yields exactly the hand-computed ack/TTFT/TPOT/ITL/e2e/tokens."""
+    want = GOLDEN[name]
+    if "error" in want:
+        with pytest.raises(StreamError) as err:
+            replay(name)
+        assert err.value.reason == want["error"]
+        return
+    got = replay(name)
+    for key in ("ack_s", "ttft_s", "tpot_s", "e2e_s"):
+        assert getattr(got, key) == pytest.approx(want[key], abs=1e-9), key
+    assert list(got.itl_s) == pytest.approx(want["itl_s"], abs=1e-9)
+    assert got.output_tokens == want["output_tokens"]
+    assert got.prompt_tokens == want["prompt_tokens"]
+    assert got.token_events == want["token_events"]
+
+
+@pytest.mark.parametrize("name", [n for n in FIXTURES if "error" not in GOLDEN[n]])
+def test_mean_itl_equals_tpot(name: str) -> None:
+    """ITL splits multi-token gaps evenly, so its mean is TPOT and its length is N_out - 1."""
+    got = replay(name)
+    assert len(got.itl_s) == got.output_tokens - 1
+    assert sum(got.itl_s) / len(got.itl_s) == pytest.approx(got.tpot_s)
+
+
+def test_ack_is_not_ttft_when_role_chunk_comes_first() -> None:
+    """A role-only first delta is the ack; TTFT waits for the first token-carrying event."""
+    got = replay("chat_multitoken_chunks.jsonl")
+    assert got.ack_s < got.ttft_s
+
+
+def test_decoder_handles_arbitrary_splits_and_crlf() -> None:
+    raw = b'data: {"a": 1}\r\n\r\n: keepalive\n\ndata: [DONE]\n\n'
+    whole = SSEDecoder().feed(raw)
+    dec = SSEDecoder()
+    pieces = [p for i in range(len(raw)) for p in dec.feed(raw[i : i + 1])]
+    assert whole == pieces == ['{"a": 1}', "[DONE]"]
+
+
+def test_single_token_has_no_tpot() -> None:
+    timer = StreamTimer(0.0)
+    timer.feed(b'data: {"choices":[{"delta":{"content":"x"}}]}\n\ndata: [DONE]\n\n', now=0.5)
+    got = timer.finish(now=0.5)
+    assert got.output_tokens == 1 and got.tpot_s is None and got.itl_s == ()
+
+
+def test_stream_without_tokens_is_a_failure() -> None:
+    timer = StreamTimer(0.0)
+    timer.feed(b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n', now=0.1)
+    timer.feed(b"data: [DONE]\n\n", now=0.2)
+    with pytest.raises(StreamError) as err:
+        timer.finish(now=0.2)
+    assert err.value.reason == "no_tokens"
+
+
+def test_unknown_failure_reason_is_refused() -> None:
+    with pytest.raises(ValueError):
+        StreamError("flaky")
+
+
+def test_request_payloads_ask_for_exact_token_counts() -> None:
+    chat = StreamRequest(route="chat", max_tokens=32).payload()
+    assert chat["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert chat["ignore_eos"] is True and chat["max_tokens"] == 32
+    gen = StreamRequest(route="generate", max_tokens=7).payload()
+    assert gen["sampling_params"]["max_new_tokens"] == 7 and gen["stream"] is True
+    assert StreamRequest(route="completions").path == "/v1/completions"
+
+
+def test_percentile_matches_linear_interpolation() -> None:
+    values = [4.0, 1.0, 3.0, 2.0]
+    assert percentile(values, 50) == 2.5
+    assert percentile(values, 0) == 1.0 and percentile(values, 100) == 4.0
+    assert percentile(values, 90) == pytest.approx(3.7)
+    assert math.isnan(percentile([], 50))
+    s = summarize([1.0, 2.0, 3.0])
+    assert (s.count, s.mean, s.p50) == (3, 2.0, 2.0)
+
+
+def test_goodput_counts_requests_meeting_both_slos() -> None:
+    agg = Aggregate()
+    for name in ("chat_continuous_usage.jsonl", "chat_multitoken_chunks.jsonl"):
+        agg.add(replay(name))  # TTFT 0.25 / TPOT 0.01 and TTFT 0.2 / TPOT 0.0075
+    assert agg.goodput(1.0, slo_ttft_s=0.3, slo_tpot_s=0.02) == 2
+    assert agg.goodput(1.0, slo_ttft_s=0.22, slo_tpot_s=0.02) == 1
+    assert agg.goodput(2.0, slo_ttft_s=None, slo_tpot_s=0.008) == 0.5
+    assert agg.output_tokens_per_s(2.0) == 7.0
