@@ -1,0 +1,5 @@
+import sys
+
+from glmserve.patching.cli import main
+
+sys.exit(main())

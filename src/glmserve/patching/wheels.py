@@ -1,0 +1,69 @@
+"""Real SGLang wheels as test and regen input: download once into a cache, extract only what the
+series touches plus the version metadata (a full SGLang tree is ~4,000 files we never read)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from glmserve.patching.errors import PatchError
+
+# Enough for version detection and for py_compile / ast inspection of the patched module.
+BASE_MEMBERS = ("sglang/__init__.py", "sglang/version.py", "sglang/_version.py")
+
+
+def default_cache_dir() -> Path:
+    """<checkout>/.cache/wheels (git-ignored), shared by regen and the tests."""
+    return Path(__file__).resolve().parents[3] / ".cache" / "wheels"
+
+
+def find_wheel(version: str, cache_dir: Path) -> Path | None:
+    # Any tag will do: the files we need are pure Python (only a gRPC .so differs per tag).
+    hits = sorted(cache_dir.glob(f"sglang-{version}-*.whl"))
+    return hits[0] if hits else None
+
+
+def fetch_wheel(version: str, cache_dir: Path | None = None, *, download: bool = True) -> Path:
+    """Path of the sglang==version wheel in the cache, downloading it with pip if missing."""
+    cache_dir = cache_dir or default_cache_dir()
+    found = find_wheel(version, cache_dir)
+    if found or not download:
+        if found is None:
+            raise PatchError(f"no sglang {version} wheel in {cache_dir} (downloads disabled)")
+        return found
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps"]
+    cmd += ["--disable-pip-version-check", "--dest", str(cache_dir), f"sglang=={version}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    found = find_wheel(version, cache_dir)
+    if proc.returncode != 0 or found is None:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise PatchError(f"pip download sglang=={version} failed: {tail}")
+    return found
+
+
+def wheel_members(wheel: Path) -> set[str]:
+    with zipfile.ZipFile(wheel) as zf:
+        return set(zf.namelist())
+
+
+def extract_site(wheel: Path, dest: Path, members: Iterable[str] = ()) -> Path:
+    """Extract `members` (paths relative to site-packages), the dist-info METADATA and the
+    version modules from `wheel` into `dest`, which then looks like a minimal site-packages."""
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        wanted = set(members) | {m for m in BASE_MEMBERS if m in names}
+        wanted |= {n for n in names if n.endswith(".dist-info/METADATA") and n.count("/") == 1}
+        missing = sorted(set(members) - names)
+        if missing:
+            raise PatchError(f"{wheel.name} has no {missing[0]}")
+        for name in sorted(wanted):
+            # Member names come from our own list or the dist-info pattern, never from the
+            # archive's arbitrary entries, so no path can escape `dest`.
+            target = dest / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(zf.read(name))
+    return dest
