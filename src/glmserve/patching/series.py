@@ -69,7 +69,8 @@ class Series:
 def default_patches_dir() -> Path | None:
     """`patches/` of the source checkout this package runs from, if there is one."""
     candidate = Path(__file__).resolve().parents[3] / "patches"
-    return candidate if (candidate / LOCK_NAME).is_file() else None
+    found = (candidate / LOCK_NAME).is_file() or (candidate / SOURCES_NAME).is_file()
+    return candidate if found else None
 
 
 def load_lock(patches_dir: Path) -> tuple[dict, str]:
