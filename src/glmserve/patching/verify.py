@@ -1,0 +1,386 @@
+"""Preflight: assert the patch's EFFECT on the installed SGLang, not just that files exist.
+
+    python -m glmserve.patching.verify --target SITE     # exit 0 ok, 1 problems, 2 bad usage
+
+`preflight(site)` returns a list of problems (empty = ok). It reads the installed code with `ast`
+(SGLang is not imported) and checks:
+  * the marker exists, names the installed SGLang version, and every file it lists still has
+    its patched hash (nothing edited or reinstalled since);
+  * the backend imports the gather module, and the gather module defines what is imported
+    and can be loaded as a file;
+  * nothing reachable from `forward_decode` / `forward_extend` still casts the whole
+    `get_key_buffer(...)` pool, except behind the GLMSERVE_FP8_GATHER switch, and both paths
+    reach the gather;
+  * every `*wrapper*.plan(...)` in the backend (decode, draft decode, target verify, draft
+    extend, CUDA-graph capture and replay all funnel through these) is preceded by a call into
+    the gather (which refreshes its device-side row count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from glmserve.patching.detect import detect_version
+from glmserve.patching.engine import read_marker
+from glmserve.patching.errors import PatchError
+from glmserve.patching.series import MARKER_REL, read_optional, sha256_optional
+
+BACKEND_REL = "sglang/srt/layers/attention/flashinfer_mla_backend.py"
+GATHER_REL = "sglang/srt/layers/attention/fp8_kv_gather.py"
+GATHER_MODULE = "sglang.srt.layers.attention.fp8_kv_gather"
+BACKEND_CLASS = "FlashInferMLAAttnBackend"
+FORWARD_METHODS = ("forward_decode", "forward_extend")
+ENV_SWITCH = "GLMSERVE_FP8_GATHER"
+MARKER_KEYS = ("series", "sglang_version", "lock_sha256", "patches", "files")
+# Tensor methods that convert a whole tensor's dtype.
+CAST_METHODS = frozenset({"to", "bfloat16", "half", "float", "type"})
+
+
+def preflight(site: str | Path, *, import_gather: bool = True) -> list[str]:
+    """Problems with the patched SGLang under `site` (the directory holding sglang/); [] = ok.
+
+    `import_gather` also executes the gather module from its file (needs torch and Triton,
+    as the server does); switch it off only where those are absent by design.
+    """
+    site = Path(site)
+    try:
+        version = detect_version(site)
+    except PatchError as exc:
+        return [str(exc)]
+    problems = _check_marker(site, version)
+    backend = _parse(site / BACKEND_REL, problems)
+    gather = _parse(site / GATHER_REL, problems)
+    if backend is None:
+        return problems
+    analysis = _BackendAnalysis(backend)
+    problems += analysis.problems()
+    if gather is not None:
+        problems += _check_gather_module(site / GATHER_REL, gather, analysis, import_gather)
+    return problems
+
+
+def _parse(path: Path, problems: list[str]) -> ast.Module | None:
+    data = read_optional(path)
+    if data is None:
+        problems.append(f"{path.name}: missing ({path})")
+        return None
+    try:
+        return ast.parse(data, filename=str(path))
+    except SyntaxError as exc:
+        problems.append(f"{path.name}: does not parse: {exc.msg} (line {exc.lineno})")
+        return None
+
+
+def _check_marker(site: Path, version: str) -> list[str]:
+    marker = read_marker(site)
+    if marker is None:
+        return [f"no valid patch marker {MARKER_REL}: the series is not applied (patches/apply.py)"]
+    missing = [k for k in MARKER_KEYS if k not in marker]
+    if missing:
+        return [f"{MARKER_REL}: missing field(s) {', '.join(missing)}"]
+    problems = []
+    if marker["sglang_version"] != version:
+        problems.append(
+            f"{MARKER_REL} is for SGLang {marker['sglang_version']}, but {version} is installed"
+        )
+    files = marker["files"]
+    if not isinstance(files, dict) or not files:
+        return [*problems, f"{MARKER_REL}: no files recorded"]
+    for rel, hashes in sorted(files.items()):
+        want = hashes.get("after") if isinstance(hashes, dict) else "?"
+        if sha256_optional(read_optional(site / rel)) != want:
+            problems.append(f"{rel}: differs from the patched file recorded in {MARKER_REL}")
+    return problems
+
+
+def _identifiers(node: ast.AST) -> Iterator[str]:
+    """Names and attribute names mentioned anywhere in `node`."""
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name):
+            yield sub.id
+        elif isinstance(sub, ast.Attribute):
+            yield sub.attr
+
+
+def _mentions_switch_string(node: ast.AST) -> bool:
+    return any(isinstance(s, ast.Constant) and s.value == ENV_SWITCH for s in ast.walk(node))
+
+
+class _BackendAnalysis:
+    def __init__(self, tree: ast.Module) -> None:
+        self.tree = tree
+        self.parents: dict[ast.AST, ast.AST] = {}
+        for node in ast.walk(tree):
+            for child in ast.iter_child_nodes(node):
+                self.parents[child] = node
+        self.imported = self._gather_imports()
+        self.switch = self._switch_names()
+
+    # --- what counts as "the gather" -----------------------------------------------------
+
+    def _gather_imports(self) -> dict[str, str]:
+        """{local name: name in the gather module} for `from ...fp8_kv_gather import X`."""
+        found: dict[str, str] = {}
+        short = GATHER_MODULE.rsplit(".", 1)[1]
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.ImportFrom) and (
+                node.module == GATHER_MODULE or (node.level == 1 and node.module == short)
+            ):
+                for alias in node.names:
+                    found[alias.asname or alias.name] = alias.name
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name == GATHER_MODULE and alias.asname:
+                        found[alias.asname] = "*"
+        return found
+
+    def _switch_names(self) -> set[str]:
+        """Identifiers bound (transitively) to the gather module or the env switch, e.g.
+        `self.fp8_gather = Fp8KvGather.create(...)` makes `fp8_gather` one."""
+        names = set(self.imported)
+        while True:
+            grown = set(names)
+            for node in ast.walk(self.tree):
+                if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                    if _mentions_switch_string(node.value) or names & set(_identifiers(node.value)):
+                        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                        for t in targets:
+                            if isinstance(t, ast.Name):
+                                grown.add(t.id)
+                            elif isinstance(t, ast.Attribute):
+                                grown.add(t.attr)
+                elif isinstance(node, ast.FunctionDef) and _mentions_switch_string(node):
+                    grown.add(node.name)
+            if grown == names:
+                return names
+            names = grown
+
+    def _is_switch_expr(self, node: ast.AST) -> bool:
+        return _mentions_switch_string(node) or bool(self.switch & set(_identifiers(node)))
+
+    def _gather_calls(self, node: ast.AST) -> list[ast.Call]:
+        return [
+            c for c in ast.walk(node) if isinstance(c, ast.Call) and self._is_switch_expr(c.func)
+        ]
+
+    # --- structure helpers -----------------------------------------------------------------
+
+    def _function_of(self, node: ast.AST) -> ast.FunctionDef | None:
+        while node in self.parents:
+            node = self.parents[node]
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                return node  # type: ignore[return-value]
+        return None
+
+    def _earlier_siblings(self, node: ast.AST) -> Iterator[ast.stmt]:
+        """For each enclosing statement list up to the function, the statements before ours."""
+        while node in self.parents:
+            parent = self.parents[node]
+            for _field, value in ast.iter_fields(parent):
+                if isinstance(value, list) and node in value:
+                    yield from value[: value.index(node)]
+            if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                return
+            node = parent
+
+    def _guarded(self, cast: ast.Call) -> bool:
+        """Inside an `if`/ternary on the switch, or after `if <switch>: return/raise`."""
+        node: ast.AST = cast
+        while node in self.parents:
+            parent = self.parents[node]
+            if (
+                isinstance(parent, (ast.If, ast.IfExp))
+                and node is not parent.test
+                and self._is_switch_expr(parent.test)
+            ):
+                return True
+            if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                break
+            node = parent
+        for stmt in self._earlier_siblings(cast):
+            if (
+                isinstance(stmt, ast.If)
+                and self._is_switch_expr(stmt.test)
+                and isinstance(stmt.body[-1], (ast.Return, ast.Raise))
+            ):
+                return True
+        return False
+
+    # --- the checks ------------------------------------------------------------------------
+
+    def _full_pool_casts(self, func: ast.FunctionDef) -> list[ast.Call]:
+        def is_pool_call(n: ast.AST) -> bool:
+            return (
+                isinstance(n, ast.Call)
+                and isinstance(n.func, ast.Attribute)
+                and n.func.attr == "get_key_buffer"
+            )
+
+        pool_vars = {
+            t.id
+            for n in ast.walk(func)
+            if isinstance(n, ast.Assign) and is_pool_call(n.value)
+            for t in n.targets
+            if isinstance(t, ast.Name)
+        }
+        casts = []
+        for n in ast.walk(func):
+            if (
+                isinstance(n, ast.Call)
+                and isinstance(n.func, ast.Attribute)
+                and n.func.attr in CAST_METHODS
+            ):
+                recv = n.func.value
+                if is_pool_call(recv) or (isinstance(recv, ast.Name) and recv.id in pool_vars):
+                    casts.append(n)
+        return casts
+
+    def problems(self) -> list[str]:
+        where = "flashinfer_mla_backend.py"
+        if not self.imported:
+            return [f"{where}: does not import {GATHER_MODULE}: the gather is not wired in"]
+        problems: list[str] = []
+        cls = next(
+            (n for n in self.tree.body if isinstance(n, ast.ClassDef) and n.name == BACKEND_CLASS),
+            None,
+        )
+        if cls is None:
+            return [f"{where}: class {BACKEND_CLASS} not found"]
+        methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
+        for entry in FORWARD_METHODS:
+            if entry not in methods:
+                problems.append(f"{where}: {BACKEND_CLASS}.{entry} not found")
+                continue
+            reached = self._reachable(entry, methods)
+            for name in sorted(reached):
+                for cast in self._full_pool_casts(methods[name]):
+                    if not self._guarded(cast):
+                        via = "" if name == entry else f" (via {name})"
+                        problems.append(
+                            f"{where}:{cast.lineno}: {entry}{via} still casts the whole "
+                            f"get_key_buffer() pool outside the {ENV_SWITCH} switch"
+                        )
+            if not any(self._gather_calls(methods[name]) for name in reached):
+                problems.append(f"{where}: {entry} never calls the fp8 gather")
+        problems += self._plan_problems(where)
+        return problems
+
+    def _reachable(self, entry: str, methods: dict[str, ast.FunctionDef]) -> set[str]:
+        seen, todo = {entry}, [entry]
+        while todo:
+            for n in ast.walk(methods[todo.pop()]):
+                if (
+                    isinstance(n, ast.Call)
+                    and isinstance(n.func, ast.Attribute)
+                    and isinstance(n.func.value, ast.Name)
+                    and n.func.value.id == "self"
+                    and n.func.attr in methods
+                    and n.func.attr not in seen
+                ):
+                    seen.add(n.func.attr)
+                    todo.append(n.func.attr)
+        return seen
+
+    def _plan_problems(self, where: str) -> list[str]:
+        problems = []
+        plans = [
+            n
+            for n in ast.walk(self.tree)
+            if isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute)
+            and n.func.attr == "plan"
+            and "wrapper" in " ".join(_identifiers(n.func.value)).lower()
+        ]
+        if not plans:
+            return [f"{where}: no `<wrapper>.plan(...)` call found; this backend is not understood"]
+        for call in plans:
+            if not any(self._gather_calls(s) for s in self._earlier_siblings(call)):
+                func = self._function_of(call)
+                name = func.name if func else "<module>"
+                problems.append(
+                    f"{where}:{call.lineno}: {name} plans a FlashInfer MLA wrapper without "
+                    "updating the fp8 gather first"
+                )
+        return problems
+
+
+def _check_gather_module(
+    path: Path, tree: ast.Module, analysis: _BackendAnalysis, import_gather: bool
+) -> list[str]:
+    where = path.name
+    problems = []
+    defined = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined |= {t.id for t in targets if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            defined |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    wanted = sorted({n for n in analysis.imported.values() if n != "*"})
+    for name in wanted:
+        if name not in defined:
+            problems.append(f"{where}: does not define {name}, which the backend imports")
+    if not _mentions_switch_string(tree) and not _mentions_switch_string(analysis.tree):
+        problems.append(f"{where}: {ENV_SWITCH} is read nowhere: there is no A/B switch")
+    if import_gather and not problems:
+        problems += _import_as_file(path, wanted)
+    return problems
+
+
+def _import_as_file(path: Path, wanted: list[str]) -> list[str]:
+    """Execute the module from its file, without importing the sglang package around it."""
+    name = "_glmserve_preflight_fp8_kv_gather"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        return [f"{path.name}: cannot be loaded as a module"]
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # decorators (dataclass, triton.jit) look the module up
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        return [f"{path.name}: import failed: {type(exc).__name__}: {exc}"]
+    finally:
+        sys.modules.pop(name, None)
+    return [f"{path.name}: {n} missing after import" for n in wanted if not hasattr(module, n)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m glmserve.patching.verify",
+        description="Preflight: check the patched SGLang under SITE does what the patch promises.",
+    )
+    parser.add_argument("--target", required=True, type=Path, help="directory holding sglang/")
+    parser.add_argument(
+        "--no-import",
+        action="store_true",
+        help="do not execute the gather module (for environments without torch/Triton)",
+    )
+    args = parser.parse_args(argv)
+    prog = parser.prog
+    if not args.target.is_dir():
+        print(f"{prog}: error: --target {args.target} is not a directory", file=sys.stderr)
+        return 2
+    problems = preflight(args.target, import_gather=not args.no_import)
+    if problems:
+        for line in problems:
+            print(f"{prog}: FAIL: {line}", file=sys.stderr)
+        return 1
+    marker = read_marker(args.target) or {}
+    print(
+        f"{prog}: ok: SGLang {marker.get('sglang_version')} patched with series "
+        f"{marker.get('series')} (lock {str(marker.get('lock_sha256'))[:12]})"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(BrokenPipeError):
+        sys.exit(main())
