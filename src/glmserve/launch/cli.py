@@ -1,0 +1,348 @@
+"""`python -m glmserve.launch`: profile + inputs -> validated argv list -> exec SGLang.
+
+Order of work: parse inputs, validate everything (nothing has started yet, so any refusal is one
+line and a non-zero exit), then run the kernel self-test, write the build-info file, and replace
+this process with `python -m sglang.launch_server` (exec: SGLang keeps our PID, so `docker stop`'s
+SIGTERM and Ctrl-C reach it directly and there is no wrapper left to forward or swallow signals).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+from glmserve import buildinfo
+from glmserve.launch import checks
+from glmserve.launch.errors import LaunchError
+from glmserve.launch.host import Host
+from glmserve.launch.profiles import (
+    LAUNCHER_OWNED_FLAGS,
+    PROFILES_DIR_ENV,
+    Profile,
+    available,
+    find_profiles_dir,
+    load_profile,
+)
+
+PROG = "glmserve.launch"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 30000
+EXTRA_ARGS_ENV = "GLMSERVE_EXTRA_ARGS"
+
+# Input name -> environment variable. The CLI wins over the environment, which wins over the
+# profile; docs/launch.md lists the same table.
+ENV_INPUTS = {
+    "profile": "GLMSERVE_PROFILE",
+    "model_path": "GLMSERVE_MODEL_PATH",
+    "tp": "GLMSERVE_TP",
+    "host": "GLMSERVE_HOST",
+    "port": "GLMSERVE_PORT",
+    "profiles_dir": PROFILES_DIR_ENV,
+    "allow_any_arch": "GLMSERVE_ALLOW_ANY_ARCH",
+    "skip_selftest": "GLMSERVE_SKIP_SELFTEST",
+    "build_info": buildinfo.ENV_VAR,
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # argparse prints usage plus the error; we promise one line.
+        raise LaunchError(f"{message} (see --help)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=f"python -m {PROG}",
+        description="Validate a launch profile against this host, then exec SGLang.",
+        epilog="Arguments after a lone '--' go to sglang.launch_server unchanged, as a list; "
+        f"{EXTRA_ARGS_ENV} may hold a JSON array of more (placed before them).",
+    )
+    p.add_argument("--profile", help="profile name (a file in the profiles dir, without .json)")
+    p.add_argument("--model-path", help="local model directory (default: the profile's, if any)")
+    p.add_argument("--tp", help="tensor-parallel size (default: the profile's)")
+    p.add_argument("--host", help=f"bind address (default {DEFAULT_HOST})")
+    p.add_argument("--port", help=f"HTTP port (default {DEFAULT_PORT})")
+    p.add_argument("--profiles-dir", help="folder holding the *.json profiles")
+    p.add_argument(
+        "--build-info", help="build-info file to write (default from glmserve.buildinfo)"
+    )
+    p.add_argument(
+        "--allow-any-arch",
+        action="store_true",
+        default=None,
+        help="skip the compute-capability check",
+    )
+    p.add_argument(
+        "--skip-selftest",
+        action="store_true",
+        default=None,
+        help="serve even if the kernel self-test fails",
+    )
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the argv (JSON) and environment; GPUs not probed; start nothing",
+    )
+    mode.add_argument(
+        "--check",
+        action="store_true",
+        help="like --dry-run, but also check the GPUs; start nothing",
+    )
+    mode.add_argument("--list-profiles", action="store_true", help="list profiles and exit")
+    return p
+
+
+@dataclass(frozen=True)
+class Inputs:
+    profile: str
+    model_path: Path
+    tp: int
+    host: str
+    port: int
+    extra_args: tuple[str, ...]
+    allow_any_arch: bool
+    skip_selftest: bool
+    build_info: Path
+
+
+@dataclass(frozen=True)
+class Plan:
+    profile: Profile
+    inputs: Inputs
+    argv: list[str]
+    env: dict[str, str]  # the full environment SGLang is started with
+    managed: dict[str, str]  # the profile's variables, final values
+    sources: dict[str, str]  # for each managed variable: "profile" or "environment"
+
+
+def split_passthrough(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Split at the first lone '--': launcher options before it, SGLang's args after it."""
+    argv = list(argv)
+    if "--" in argv:
+        cut = argv.index("--")
+        return argv[:cut], argv[cut + 1 :]
+    return argv, []
+
+
+def parse_extra_env(raw: str | None) -> list[str]:
+    if raw is None or not raw.strip():
+        return []
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise LaunchError(
+            f"{EXTRA_ARGS_ENV} must be a JSON array of strings, e.g. "
+            f"['--mem-fraction-static', '0.8'] ({exc.msg} at column {exc.colno})"
+        ) from None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise LaunchError(
+            f"{EXTRA_ARGS_ENV} must be a JSON array of strings, not {type(value).__name__}"
+        )
+    return value
+
+
+def _check_extra(extra: Sequence[str]) -> None:
+    for arg in extra:
+        flag = arg.split("=", 1)[0]
+        if flag in LAUNCHER_OWNED_FLAGS:
+            raise LaunchError(
+                f"extra SGLang arg {flag} is set by the launcher itself; use its own input "
+                "(--model-path, --tp, --host, --port or their GLMSERVE_* variables)"
+            )
+
+
+def _pick(cli: Any, environ: Mapping[str, str], key: str) -> str | None:
+    if cli is not None:
+        return str(cli)
+    value = environ.get(ENV_INPUTS[key])
+    return value if value not in (None, "") else None
+
+
+def _int(name: str, raw: str, low: int, high: int) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise LaunchError(f"{name} must be an integer, not {raw!r}") from None
+    if not low <= value <= high:
+        raise LaunchError(f"{name} must be between {low} and {high}, not {value}")
+    return value
+
+
+def resolve_inputs(
+    ns: argparse.Namespace, extra_cli: Sequence[str], profile: Profile, environ: Mapping[str, str]
+) -> Inputs:
+    model_raw = _pick(ns.model_path, environ, "model_path")
+    if model_raw is not None:
+        model_path = Path(model_raw).expanduser().resolve()
+    elif profile.model.default_path is not None:
+        model_path = profile.model.default_path
+    else:
+        raise LaunchError(
+            f"profile '{profile.name}' has no default model: give --model-path or "
+            f"{ENV_INPUTS['model_path']}"
+        )
+    tp_raw = _pick(ns.tp, environ, "tp")
+    tp = _int("TP", tp_raw, 1, 1024) if tp_raw is not None else profile.tp
+    host = _pick(ns.host, environ, "host") or DEFAULT_HOST
+    port_raw = _pick(ns.port, environ, "port")
+    port = _int("port", port_raw, 1, 65535) if port_raw is not None else DEFAULT_PORT
+    extra = [*parse_extra_env(environ.get(EXTRA_ARGS_ENV)), *extra_cli]
+    _check_extra(extra)
+    allow_any = ns.allow_any_arch or checks.parse_bool(
+        ENV_INPUTS["allow_any_arch"], environ.get(ENV_INPUTS["allow_any_arch"])
+    )
+    skip_selftest = ns.skip_selftest or checks.parse_bool(
+        ENV_INPUTS["skip_selftest"], environ.get(ENV_INPUTS["skip_selftest"])
+    )
+    build_info = Path(_pick(ns.build_info, environ, "build_info") or buildinfo.DEFAULT_PATH)
+    return Inputs(
+        profile=profile.name,
+        model_path=model_path,
+        tp=tp,
+        host=host,
+        port=port,
+        extra_args=tuple(extra),
+        allow_any_arch=bool(allow_any),
+        skip_selftest=bool(skip_selftest),
+        build_info=build_info,
+    )
+
+
+def build_plan(profile: Profile, inputs: Inputs, environ: Mapping[str, str], python: str) -> Plan:
+    argv = [
+        python,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(inputs.model_path),
+        "--tp-size",
+        str(inputs.tp),
+        "--host",
+        inputs.host,
+        "--port",
+        str(inputs.port),
+        *profile.args,
+        # Last, so that for SGLang's store-type options the user's value wins (argparse keeps the
+        # last occurrence); store_true flags cannot be undone this way, see docs/launch.md.
+        *inputs.extra_args,
+    ]
+    managed: dict[str, str] = {}
+    sources: dict[str, str] = {}
+    for key, value in profile.env.items():
+        # The process environment wins, so compose/.env can override a profile value; --dry-run
+        # shows which one applied.
+        if environ.get(key, "") != "":
+            managed[key], sources[key] = environ[key], "environment"
+        else:
+            managed[key], sources[key] = value, "profile"
+    env = dict(environ)
+    env.update(managed)
+    return Plan(profile, inputs, argv, env, managed, sources)
+
+
+def _report(plan: Plan, sglang: dict[str, str], gpus: str) -> dict[str, Any]:
+    return {
+        "profile": plan.profile.name,
+        "profile_file": str(plan.profile.path),
+        "model_path": str(plan.inputs.model_path),
+        "tp": plan.inputs.tp,
+        "argv": plan.argv,
+        # Only the variables the profile manages (plus the patch switch): the full environment
+        # may hold tokens and must not be echoed into CI logs.
+        "env": plan.managed,
+        "env_sources": plan.sources,
+        "sglang": sglang,
+        "gpus": gpus,
+    }
+
+
+def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    own, extra_cli = split_passthrough(argv)
+    ns = _parser().parse_args(own)
+    environ = host.environ
+
+    profiles_dir = find_profiles_dir(environ, _pick(ns.profiles_dir, environ, "profiles_dir"))
+    if ns.list_profiles:
+        for name in available(profiles_dir):
+            prof = load_profile(profiles_dir, name)
+            print(f"{name}\t{prof.description}", file=out)
+        return 0
+    name = _pick(ns.profile, environ, "profile")
+    if name is None:
+        listing = ", ".join(available(profiles_dir)) or "(none)"
+        raise LaunchError(f"no profile given (--profile or GLMSERVE_PROFILE); available: {listing}")
+    profile = load_profile(profiles_dir, name)
+    inputs = resolve_inputs(ns, extra_cli, profile, environ)
+    plan = build_plan(profile, inputs, environ, sys.executable)
+
+    # --- validation: nothing has started yet ---
+    checks.check_model(profile, inputs.model_path)
+    site = host.sglang_site()
+    version = host.detect_version(site) if site is not None else None
+    marker = host.read_marker(site) if site is not None and version is not None else None
+    checks.check_sglang(profile, site, version, marker)
+    assert marker is not None  # check_sglang refused otherwise; narrows the type
+    fp8_gather = checks.fp8_gather_state(plan.env)
+    checks.check_writable_dir(checks.flashinfer_cache_dir(plan.env), "FlashInfer JIT cache dir")
+    sglang_info = {
+        "version": str(version),
+        "site": str(site),
+        "patch_series": str(marker.get("series", "")),
+        "fp8_gather": fp8_gather,
+    }
+    if ns.dry_run:
+        json.dump(_report(plan, sglang_info, "not probed (--dry-run)"), out, indent=2)
+        out.write("\n")
+        return 0
+
+    gpus = host.gpus(environ)
+    checks.check_gpus(profile, inputs.tp, gpus, inputs.allow_any_arch)
+    gpu_line = ", ".join(f"{g.index}:{g.name} (sm {g.capability_str})" for g in gpus[: inputs.tp])
+    if ns.check:
+        json.dump(_report(plan, sglang_info, gpu_line), out, indent=2)
+        out.write("\n")
+        return 0
+    checks.check_build_info_target(inputs.build_info)
+
+    # --- start sequence ---
+    if inputs.skip_selftest:
+        print(f"{PROG}: self-test skipped by override", file=err)
+    else:
+        status, detail = host.run_selftest()
+        if status not in ("passed", "skipped"):
+            raise LaunchError(
+                f"kernel self-test {status}: {detail}; refusing to serve "
+                "(override: --skip-selftest or GLMSERVE_SKIP_SELFTEST=1)"
+            )
+        print(f"{PROG}: self-test {status}: {detail}", file=err)
+    buildinfo.write_build_info(
+        inputs.build_info,
+        {
+            "sglang_version": str(version),
+            "patch_series": str(marker.get("series", "")),
+            "patch_lock_sha256": str(marker.get("lock_sha256", "")),
+            "fp8_gather": fp8_gather,
+            "source": "launcher",
+        },
+    )
+    print(f"{PROG}: profile {profile.name} on {gpu_line}; exec {json.dumps(plan.argv)}", file=err)
+    out.flush()
+    err.flush()
+    host.execvpe(plan.argv[0], plan.argv, plan.env)
+    return 0  # only reached when execvpe is a test double
+
+
+def main(argv: Sequence[str] | None = None, host: Host | None = None) -> int:
+    try:
+        return run(sys.argv[1:] if argv is None else argv, host or Host())
+    except LaunchError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,99 @@
+"""Everything the launcher asks of the machine, behind one object that tests replace.
+
+The launcher's logic (cli.py) never touches GPUs, site-packages, the self-test or exec directly, so
+every refusal can be tested on a CPU-only box with an injected inventory.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+from glmserve.launch.inventory import Gpu, detect_gpus
+
+
+def sglang_site() -> Path | None:
+    """The site dir holding the sglang package, found without importing it (importing SGLang
+    pulls in torch and takes seconds; the check must stay cheap and side-effect free)."""
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))).parent
+
+
+MARKER_RELPATH = Path("sglang") / ".glmserve-patch.json"
+
+
+def detect_version(site: Path) -> str | None:
+    """The installed SGLang version, via the patch tool when it is installed."""
+    try:
+        from glmserve.patching import detect_version as _detect
+    except ImportError:
+        return _dist_info_version(site)
+    try:
+        return _detect(site)
+    except (OSError, ValueError, LookupError):
+        return None
+
+
+def read_marker(site: Path) -> dict[str, Any] | None:
+    """The patch marker apply.py wrote into the package, or None when SGLang is unpatched."""
+    try:
+        from glmserve.patching import read_marker as _read
+    except ImportError:
+        return _read_marker_file(site)
+    return _read(site)
+
+
+# Fallbacks for an install without glmserve.patching (CONTRACTS.md fixes both formats): the
+# version from the wheel's dist-info, the marker as <site>/sglang/.glmserve-patch.json.
+def _dist_info_version(site: Path) -> str | None:
+    for meta in sorted(site.glob("sglang-*.dist-info/METADATA")):
+        for line in meta.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("Version:"):
+                return line.split(":", 1)[1].strip()
+    return None
+
+
+def _read_marker_file(site: Path) -> dict[str, Any] | None:
+    try:
+        raw = json.loads((site / MARKER_RELPATH).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return raw if isinstance(raw, dict) else {}
+
+
+def run_selftest() -> tuple[str, str]:
+    """(status, detail) from the kernel self-test; a crash or a missing module counts as failed,
+    because serving an unverified kernel is exactly what the self-test exists to prevent."""
+    try:
+        from glmserve.patching.selftest import run_selftest as _run
+    except ImportError as exc:
+        return "failed", f"self-test module not importable ({exc})"
+    try:
+        report = _run(timeout_s=30)
+    except Exception as exc:  # a broken self-test must not look like a pass
+        return "failed", f"self-test raised {type(exc).__name__}: {exc}"
+    return str(report.status), str(report.detail)
+
+
+def _exec(file: str, argv: list[str], env: Mapping[str, str]) -> NoReturn:
+    os.execvpe(file, argv, dict(env))
+
+
+@dataclass
+class Host:
+    environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
+    gpus: Callable[[Mapping[str, str]], list[Gpu]] = detect_gpus
+    sglang_site: Callable[[], Path | None] = sglang_site
+    detect_version: Callable[[Path], str | None] = detect_version
+    read_marker: Callable[[Path], dict[str, Any] | None] = read_marker
+    run_selftest: Callable[[], tuple[str, str]] = run_selftest
+    execvpe: Callable[[str, list[str], Mapping[str, str]], Any] = _exec
