@@ -23,7 +23,7 @@ VOCAB_SIZE = 32000
 SPECIAL = ["<unk>", "<s>", "</s>", "<pad>"]  # ids 0..3; config.json's bos/eos/pad match
 PUNCTUATION = [".", ",", "!", "?", ":", ";", "'", '"', "(", ")", "-"]
 # Common words first, so short English prompts tokenize to something other than <unk>.
-WORDS = """
+_COMMON_WORDS = """
 the of and to a in is it you that he was for on are with as i his they be at one have this from
 or had by hot word but what some we can out other were all there when up use your how said an
 each she which do their time if will way about many then them write would like so these her long
@@ -35,7 +35,8 @@ right boy old too same tell does set three want air well also play small end put
 port large spell add even land here must big high such follow act why ask men change went light
 kind off need house picture try us again animal point mother world near build self earth father
 hello test token model stream server request response fast slow cache kernel memory
-""".split()
+"""
+WORDS = _COMMON_WORDS.split()
 
 CONFIG = {
     "architectures": ["DeepseekV3ForCausalLM"],
