@@ -1,0 +1,165 @@
+"""The suite's command-line options, added to Locust's own parser, and their validation."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+SHAPES = ("single", "concurrent", "sweep")
+ROUTES = ("chat", "completions", "generate")
+DEFAULT_REPORT_DIR = "loadtest-report"
+# Locust binds its web UI to all interfaces unless told otherwise; a load generator that any
+# host on the network can start is not a safe default, so ours is loopback.
+DEFAULT_WEB_HOST = "127.0.0.1"
+# Exit code when an SLO percentile is breached: distinct from Locust's 1 (request failures)
+# and 2 (unhandled exception) so CI can tell "too slow" from "broken".
+EXIT_SLO_BREACH = 3
+
+
+class OptionsError(ValueError):
+    """A bad option value; the message is the one line shown to the user."""
+
+
+@dataclass(frozen=True)
+class LoadTestOptions:
+    shape: str = "concurrent"
+    streams: int = 1
+    warmup_s: float = 5.0
+    measure_s: float = 60.0
+    route: str = "chat"
+    model: str = "default"
+    max_tokens: int = 256
+    input_tokens: int = 128
+    prompt_file: str | None = None
+    seed: int | None = None
+    request_timeout_s: float = 600.0
+    read_timeout_s: float = 60.0
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
+    slo_percentile: float = 90.0
+    report_dir: str = DEFAULT_REPORT_DIR
+    build_info: str | None = None
+    itl_stats: bool = True
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        if self.shape not in SHAPES:
+            problems.append(f"--shape must be one of {', '.join(SHAPES)}")
+        if self.route not in ROUTES:
+            problems.append(f"--route must be one of {', '.join(ROUTES)}")
+        if self.streams < 1:
+            problems.append("--users (streams) must be >= 1")
+        if not (self.warmup_s >= 0 and math.isfinite(self.warmup_s)):
+            problems.append("--warmup-s must be >= 0")
+        if not (self.measure_s >= 0 and math.isfinite(self.measure_s)):
+            problems.append("--measure-s must be >= 0")
+        if self.shape == "sweep" and self.measure_s == 0:
+            problems.append("--measure-s 0 (run until stopped) does not work with --shape sweep")
+        if self.max_tokens < 1:
+            problems.append("--max-tokens must be >= 1")
+        if self.input_tokens < 1:
+            problems.append("--input-tokens must be >= 1")
+        if not self.request_timeout_s > 0 or not self.read_timeout_s > 0:
+            problems.append("--request-timeout-s and --read-timeout-s must be > 0")
+        for name, value in (
+            ("--slo-ttft-ms", self.slo_ttft_ms),
+            ("--slo-tpot-ms", self.slo_tpot_ms),
+        ):
+            if value is not None and not value > 0:
+                problems.append(f"{name} must be > 0")
+        if not 0 < self.slo_percentile <= 100:
+            problems.append("--slo-percentile must be in (0, 100]")
+        if problems:
+            raise OptionsError("; ".join(problems))
+
+    @property
+    def slo_set(self) -> bool:
+        return self.slo_ttft_ms is not None or self.slo_tpot_ms is not None
+
+    @classmethod
+    def from_namespace(cls, ns: Any) -> LoadTestOptions:
+        """Build from Locust's parsed options (`environment.parsed_options`)."""
+        users = getattr(ns, "num_users", None)
+        return cls(
+            shape=ns.shape,
+            streams=1 if ns.shape == "single" else int(users or 1),
+            warmup_s=float(ns.warmup_s),
+            measure_s=float(ns.measure_s),
+            route=ns.route,
+            model=ns.model,
+            max_tokens=int(ns.max_tokens),
+            input_tokens=int(ns.input_tokens),
+            prompt_file=ns.prompt_file or None,
+            seed=_optional(int, ns.seed),
+            request_timeout_s=float(ns.request_timeout_s),
+            read_timeout_s=float(ns.read_timeout_s),
+            slo_ttft_ms=_optional(float, ns.slo_ttft_ms),
+            slo_tpot_ms=_optional(float, ns.slo_tpot_ms),
+            slo_percentile=float(ns.slo_percentile),
+            report_dir=ns.report_dir or DEFAULT_REPORT_DIR,
+            build_info=ns.build_info or None,
+            itl_stats=ns.itl_stats == "on",
+        )
+
+
+def _optional(kind: type, value: Any) -> Any:
+    # The web UI hands custom options back as strings, "" meaning unset.
+    if value is None or value == "":
+        return None
+    try:
+        return kind(value)
+    except (TypeError, ValueError) as exc:
+        raise OptionsError(f"not a {kind.__name__}: {value!r}") from exc
+
+
+def add_arguments(parser: Any) -> None:
+    """Add our options to Locust's (configargparse) parser and make the UI loopback-only.
+
+    `set_defaults` only changes the default: an explicit --web-host, LOCUST_WEB_HOST or a
+    locust.conf entry still wins, because configargparse treats those as given values.
+    """
+    parser.set_defaults(web_host=DEFAULT_WEB_HOST)
+    g = parser.add_argument_group("glmserve decode suite (docs/loadtest.md)")
+    g.add_argument(
+        "--shape",
+        choices=SHAPES,
+        default="concurrent",
+        help="single: one stream; concurrent: -u streams held constant; "
+        "sweep: 1, 2, 4, ..., -u streams, each with warm-up then measurement",
+    )
+    g.add_argument("--warmup-s", type=float, default=5.0, help="warm-up per step (not measured)")
+    g.add_argument(
+        "--measure-s",
+        type=float,
+        default=60.0,
+        help="measured steady state per step; 0 = until stopped (single/concurrent only)",
+    )
+    g.add_argument("--route", choices=ROUTES, default="chat", help="chat = /v1/chat/completions")
+    g.add_argument("--model", default="default", help="model name sent in OpenAI requests")
+    g.add_argument("--max-tokens", type=int, default=256, help="output tokens (ignore_eos on)")
+    g.add_argument("--input-tokens", type=int, default=128, help="synthetic prompt length (words)")
+    g.add_argument("--prompt-file", default="", help='JSONL, one {"prompt": "..."} per line')
+    g.add_argument("--seed", default="", help="seed for prompt choice and synthetic text")
+    g.add_argument("--request-timeout-s", type=float, default=600.0, help="whole request")
+    g.add_argument("--read-timeout-s", type=float, default=60.0, help="silence between bytes")
+    g.add_argument("--slo-ttft-ms", default="", help="TTFT SLO (ms) at --slo-percentile")
+    g.add_argument("--slo-tpot-ms", default="", help="TPOT SLO (ms) at --slo-percentile")
+    g.add_argument(
+        "--slo-percentile",
+        type=float,
+        default=90.0,
+        help=f"percentile checked against the SLOs; a breach exits {EXIT_SLO_BREACH}",
+    )
+    g.add_argument("--report-dir", default=DEFAULT_REPORT_DIR, help="JSON, CSV and PNG go here")
+    g.add_argument(
+        "--build-info",
+        default="",
+        help="glmserve build-info JSON to record (default: $GLMSERVE_BUILD_INFO if it exists)",
+    )
+    g.add_argument(
+        "--itl-stats",
+        choices=("on", "off"),
+        default="on",
+        help="report every inter-token gap to Locust's stats (off saves CPU at high load)",
+    )

@@ -1,0 +1,164 @@
+"""Wires the suite into Locust: options, per-run session, shape callbacks, worker -> master
+records, and the report + SLO exit code when Locust quits."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import sys
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import locust
+from locust.env import Environment
+from locust.runners import MasterRunner, WorkerRunner
+
+from glmserve.loadtest.options import EXIT_SLO_BREACH, LoadTestOptions, OptionsError, add_arguments
+from glmserve.loadtest.prompts import load_prompt_file
+from glmserve.loadtest.results import Collector, RequestRecord
+from glmserve.loadtest.shapes import DecodeShape, Tick
+from glmserve.streaming import StreamTiming
+
+log = logging.getLogger(__name__)
+WIRE_KEY = "glmserve_records"
+
+
+@dataclass
+class Session:
+    """State of one Locust run in this process (kept per Environment, never module-global)."""
+
+    options: LoadTestOptions
+    is_worker: bool = False
+    prompts: list[str] | None = None
+    collector: Collector = field(default_factory=Collector)
+    server: dict[str, Any] | None = None
+    started_at: float = field(default_factory=time.time)
+    _ids: itertools.count = field(default_factory=itertools.count)
+
+    def next_stream_id(self) -> int:
+        return next(self._ids)
+
+    def record_success(self, started_at: float, timing: StreamTiming) -> None:
+        rec = RequestRecord(started_at, started_at + timing.e2e_s, timing)
+        self.collector.add(rec, is_worker=self.is_worker)
+
+    def record_failure(self, started_at: float, ended_at: float, reason: str) -> None:
+        self.collector.add(
+            RequestRecord(started_at, ended_at, None, reason), is_worker=self.is_worker
+        )
+
+    def on_phase(self, tick: Tick, at: float, environment: Environment) -> None:
+        log.info("step %d: %d streams, %s", tick.step, tick.users, tick.phase)
+        self.collector.phase(tick.step, tick.users, tick.phase, at)
+        if tick.phase == "measure" and environment.runner is not None:
+            # Locust's own table then shows this step's steady state only.
+            environment.runner.stats.reset_all()
+
+
+_SESSIONS: weakref.WeakKeyDictionary[Environment, Session] = weakref.WeakKeyDictionary()
+
+
+def session_of(environment: Environment) -> Session:
+    try:
+        return _SESSIONS[environment]
+    except KeyError:
+        raise RuntimeError("glmserve.loadtest.plugin.register() was not called") from None
+
+
+def _on_parser(parser: Any, **_: Any) -> None:
+    add_arguments(parser)
+
+
+def _on_init(environment: Environment, **_: Any) -> None:
+    ns = environment.parsed_options
+    if ns is None:  # Environment built by hand (library use): caller sets up the session
+        return
+    try:
+        options = LoadTestOptions.from_namespace(ns)
+        prompts = load_prompt_file(options.prompt_file) if options.prompt_file else None
+    except OptionsError as exc:
+        sys.stderr.write(f"locust decode suite: {exc}\n")
+        sys.exit(2)
+    start_session(environment, options, prompts)
+
+
+def start_session(
+    environment: Environment, options: LoadTestOptions, prompts: list[str] | None = None
+) -> Session:
+    session = Session(options, isinstance(environment.runner, WorkerRunner), prompts)
+    _SESSIONS[environment] = session
+    shape = environment.shape_class
+    if isinstance(shape, DecodeShape):
+        shape.configure(options)
+        shape.on_phase = lambda tick, at: session.on_phase(tick, at, environment)
+        shape.on_end = session.collector.close
+        shape.on_reset = session.collector.clear
+    return session
+
+
+def _on_test_start(environment: Environment, **_: Any) -> None:
+    session = _SESSIONS.get(environment)
+    if session is None or session.is_worker:
+        return
+    from glmserve.loadtest.serverinfo import gather_server_info
+
+    session.started_at = time.time()
+    session.server = gather_server_info(environment.host or "", session.options.build_info)
+
+
+def _on_test_stop(environment: Environment, **_: Any) -> None:
+    session = _SESSIONS.get(environment)
+    if session is not None and not session.is_worker:
+        session.collector.close(time.time())
+
+
+def _on_report_to_master(client_id: str, data: dict[str, Any], **_: Any) -> None:
+    for env, session in list(_SESSIONS.items()):
+        if session.is_worker and env.runner is not None and env.runner.client_id == client_id:
+            data[WIRE_KEY] = session.collector.take_pending()
+
+
+def _on_worker_report(client_id: str, data: dict[str, Any], **_: Any) -> None:
+    rows = data.get(WIRE_KEY)
+    if not rows:
+        return
+    for env, session in list(_SESSIONS.items()):
+        if isinstance(env.runner, MasterRunner):
+            session.collector.add_wire(rows)
+
+
+def _on_quitting(environment: Environment, **_: Any) -> None:
+    session = _SESSIONS.get(environment)
+    if session is None or session.is_worker:
+        return
+    from glmserve.loadtest.report import write_report
+
+    session.collector.close(time.time())
+    outcome = write_report(session, environment.host or "", os.getcwd())
+    for line in outcome.breaches:
+        log.error("SLO breach: %s", line)
+    log.info("report written to %s", outcome.directory)
+    if outcome.breaches:
+        environment.process_exit_code = EXIT_SLO_BREACH
+
+
+_registered = False
+
+
+def register() -> None:
+    """Attach the suite's listeners to Locust's global events (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    ev = locust.events
+    ev.init_command_line_parser.add_listener(_on_parser)
+    ev.init.add_listener(_on_init)
+    ev.test_start.add_listener(_on_test_start)
+    ev.test_stop.add_listener(_on_test_stop)
+    ev.report_to_master.add_listener(_on_report_to_master)
+    ev.worker_report.add_listener(_on_worker_report)
+    ev.quitting.add_listener(_on_quitting)

@@ -1,0 +1,168 @@
+"""The Locust user: one streaming request at a time, timed by glmserve.streaming.
+
+Locust's FastHttpUser client sends the request; the body is then read line by line from the
+socket and every line is fed to a StreamTimer with the time it arrived. Locust's own request
+time with stream=True stops at the headers (the body is not read yet), so the HTTP entry's
+time is replaced with the full request time before it is reported.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from geventhttpclient.response import HTTPConnectionClosed, HTTPParseError
+from locust import FastHttpUser, constant, task
+from locust.contrib.fasthttp import LocustBadStatusCode
+
+from glmserve.loadtest.prompts import PromptSource
+from glmserve.streaming import StreamError, StreamRequest, StreamTimer, StreamTiming
+
+log = logging.getLogger(__name__)
+
+# Locust stats names for the stream metrics: their own request type, so they never mix with
+# the HTTP entry (which shows the whole request, its failures and their reasons).
+STATS_TYPE = "STREAM"
+STAT_NAMES = {"ack": "ack", "ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "e2e"}
+
+HEADERS = {
+    "Accept": "text/event-stream",
+    # Compressed SSE would reach the timer as gzip bytes; ask for the plain stream.
+    "Accept-Encoding": "identity",
+    # A stream abandoned mid-way (timeout, malformed event) must not leave a half-read socket
+    # in geventhttpclient's keep-alive pool, so every request gets its own connection.
+    "Connection": "close",
+}
+
+
+def classify(error: BaseException) -> StreamError:
+    """Map a transport exception to one of streaming.FAILURE_REASONS."""
+    if isinstance(error, StreamError):
+        return error
+    original = getattr(error, "original", None)  # geventhttpclient's RetriesExceeded wraps it
+    if isinstance(original, BaseException):
+        return classify(original)
+    if isinstance(error, LocustBadStatusCode):
+        return StreamError("http_status", f"HTTP {error.code}")
+    if isinstance(error, (TimeoutError, socket.timeout)):
+        return StreamError("timeout", str(error) or type(error).__name__)
+    if isinstance(error, (HTTPParseError, HTTPConnectionClosed, ConnectionResetError)):
+        return StreamError("broken_stream", str(error) or type(error).__name__)
+    return StreamError("connect", f"{type(error).__name__}: {error}")
+
+
+def read_stream(
+    response: Any,
+    timer: StreamTimer,
+    deadline: float,
+    clock: Callable[[], float] = time.perf_counter,
+) -> StreamTiming:
+    """Read a Locust FastResponse to the end, feeding each line at its arrival time."""
+    error = getattr(response, "error", None)
+    if error is not None:
+        raise classify(error)
+    raw = response._response  # geventhttpclient's socket response: readline is incremental
+    try:
+        while True:
+            line = raw.readline(b"\n")
+            now = clock()
+            if not line:
+                break
+            timer.feed(line, now)
+            if now > deadline:
+                raise StreamError("timeout", "request exceeded --request-timeout-s")
+        return timer.finish(now)
+    except StreamError:
+        raw.release()
+        raise
+    except OSError as exc:  # socket timeouts and resets are OSErrors
+        raw.release()
+        raise classify(exc) from exc
+    except (HTTPParseError, HTTPConnectionClosed) as exc:
+        raise classify(exc) from exc
+
+
+class DecodeUser(FastHttpUser):
+    """One stream: send, read to [DONE], report, repeat (no think time)."""
+
+    host = "http://127.0.0.1:30000"
+    wait_time = constant(0)
+    # Streams of several minutes are normal; per-read silence is bounded by --read-timeout-s.
+    network_timeout = 60.0
+    connection_timeout = 10.0
+
+    def __init__(self, environment: Any) -> None:
+        from glmserve.loadtest.plugin import session_of
+
+        self.session = session_of(environment)
+        opts = self.session.options
+        self.network_timeout = opts.read_timeout_s
+        super().__init__(environment)
+        self.prompts = PromptSource(
+            opts.input_tokens, self.session.prompts, opts.seed, self.session.next_stream_id()
+        )
+
+    def _request(self) -> StreamRequest:
+        opts = self.session.options
+        return StreamRequest(
+            route=opts.route,  # type: ignore[arg-type]
+            model=opts.model,
+            prompt=self.prompts.next(),
+            max_tokens=opts.max_tokens,
+            ignore_eos=True,
+        )
+
+    @task
+    def stream(self) -> None:
+        req = self._request()
+        opts = self.session.options
+        started_at = time.time()
+        t0 = time.perf_counter()
+        timer = StreamTimer(t0)
+        with self.client.request(
+            "POST",
+            req.path,
+            json=req.payload(),
+            headers=HEADERS,
+            stream=True,
+            catch_response=True,
+        ) as resp:
+            try:
+                timing = read_stream(resp, timer, t0 + opts.request_timeout_s)
+            except StreamError as err:
+                elapsed = time.perf_counter() - t0
+                resp.request_meta["response_time"] = elapsed * 1e3
+                resp.failure(err.reason)
+                log.debug("stream failed: %s", err)
+                self.session.record_failure(started_at, started_at + elapsed, err.reason)
+                return
+            resp.request_meta["response_time"] = timing.e2e_s * 1e3
+            resp.request_meta["response_length"] = timing.output_tokens
+            resp.success()
+        self.session.record_success(started_at, timing)
+        self._fire(timing)
+
+    def _fire(self, timing: StreamTiming) -> None:
+        fire = self.environment.events.request.fire
+
+        def one(key: str, seconds: float, length: int = 0) -> None:
+            fire(
+                request_type=STATS_TYPE,
+                name=STAT_NAMES[key],
+                response_time=seconds * 1e3,
+                response_length=length,
+                exception=None,
+                context={},
+            )
+
+        one("ack", timing.ack_s)
+        one("ttft", timing.ttft_s)
+        if timing.tpot_s is not None:
+            one("tpot", timing.tpot_s)
+        if self.session.options.itl_stats:
+            for gap in timing.itl_s:
+                one("itl", gap)
+        one("e2e", timing.e2e_s, timing.output_tokens)
