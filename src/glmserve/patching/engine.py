@@ -185,7 +185,8 @@ def _commit(site: Path, writes: dict[str, bytes | None]) -> None:
                 if originals[rel] is not None:
                     _unlink(site / rel)
             else:
-                _replace(staged.pop(rel), site / rel)
+                _replace(staged[rel], site / rel)
+                del staged[rel]  # only once it is in place: a failed swap leaves a temp to clean
             done.append(rel)
         for rel, data in writes.items():
             if sha256_optional(read_optional(site / rel)) != sha256_optional(data):
