@@ -1,0 +1,265 @@
+"""Scheduling and timing: who runs, who waits, and when each token is due.
+
+Timing is driven by ABSOLUTE deadlines. A request admitted at t_a has its first token due at
+t_a + ttft and token k due at (token k-1's due time) + step, where step is --tpot-ms (plus the
+cost model's term, if on). The stream sleeps until a deadline and re-checks the clock, so a late
+wake-up delays one event but never shifts the ones after it: sleep error does not accumulate,
+which is what keeps the measured TPOT on --tpot-ms at high concurrency.
+
+With --tokens-per-chunk K the first output carries one token (the prefill's) and later outputs
+carry K tokens; an output is sent when its LAST token is due, so the k-th token still lands at
+the same deadline it would have with K=1 and TPOT = (t_last - t_first)/(N-1) is unchanged.
+
+Queueing mirrors the real scheduler's FCFS admission: a request runs when fewer than
+--max-concurrency requests are running and the pool can hold its prompt plus its output
+(a reservation; the real scheduler estimates with new_token_ratio and retracts when wrong,
+which the emulator does not model). Queue time counts towards TTFT, as on the real server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from glmserve.emulator.config import EmulatorConfig
+from glmserve.emulator.metrics import MetricsState
+
+IDLE_LOG_INTERVAL_S = 30.0  # the real scheduler's idle metrics refresh
+
+
+@dataclass
+class GenRequest:
+    """One generation. `output_tokens` and `finish` are decided up front (deterministic)."""
+
+    prompt_tokens: int
+    output_tokens: int
+    finish: str  # "length" | "stop"
+    rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    arrival: float = 0.0
+    admitted: float | None = None
+    generated: int = 0
+    last_output: float = 0.0
+    done: bool = False
+
+    @property
+    def reservation(self) -> int:
+        return self.prompt_tokens + self.output_tokens
+
+
+@dataclass(frozen=True)
+class OutputBatch:
+    """One output of the engine: `new_tokens` tokens, `completion_tokens` cumulative."""
+
+    new_tokens: int
+    completion_tokens: int
+    finished: bool
+    t: float
+
+
+class Engine:
+    """Owns the running set, the FCFS queue and the metrics state."""
+
+    def __init__(
+        self,
+        config: EmulatorConfig,
+        metrics: MetricsState,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.clock = clock
+        self.running: dict[str, GenRequest] = {}
+        self.waiting: deque[tuple[GenRequest, asyncio.Future[None]]] = deque()
+        self.reserved_tokens = 0  # sum of running reservations (admission control)
+        self.used_tokens = 0  # sum of running prompt + generated (KV actually in use)
+        self.started_at = clock()
+        self._tokens_since_log = 0
+        self._last_log = self.started_at
+        self.last_gen_throughput = 0.0
+        self._stats_task: asyncio.Task[None] | None = None
+        self._emit_constants()
+        self._log_stats(gen_throughput=0.0)
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the periodic stats logger (needs a running loop)."""
+        if self._stats_task is None:
+            self._stats_task = asyncio.get_running_loop().create_task(self._stats_loop())
+
+    async def stop(self) -> None:
+        if self._stats_task is not None:
+            self._stats_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._stats_task
+            self._stats_task = None
+
+    # ---- admission ---------------------------------------------------------------------------
+    def _can_admit(self, req: GenRequest) -> bool:
+        if len(self.running) >= self.config.max_concurrency:
+            return False
+        if not self.running:
+            return True  # a lone request always runs (the context check bounds its size)
+        return self.reserved_tokens + req.reservation <= self.config.max_total_tokens
+
+    def _start(self, req: GenRequest) -> None:
+        now = self.clock()
+        req.admitted = now
+        self.running[req.rid] = req
+        self.reserved_tokens += req.reservation
+        self.used_tokens += req.prompt_tokens
+        self.metrics.queue_time.observe(now - req.arrival)
+        self.metrics.realtime_tokens["prefill_compute"] += req.prompt_tokens
+        # The real scheduler logs stats after each prefill batch (gen_throughput unchanged).
+        self._log_stats(gen_throughput=self.last_gen_throughput)
+
+    async def admit(self, req: GenRequest) -> None:
+        """Wait (FCFS) until the request may run. Cancel-safe: a cancelled waiter leaves."""
+        req.arrival = req.arrival or self.clock()
+        if not self.waiting and self._can_admit(req):
+            self._start(req)
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (req, fut)
+        self.waiting.append(entry)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if entry in self.waiting:
+                self.waiting.remove(entry)
+            elif req.rid in self.running:
+                self.release(req, aborted=True)
+            raise
+
+    def _admit_waiting(self) -> None:
+        while self.waiting:
+            req, fut = self.waiting[0]
+            if fut.done():  # cancelled while queued
+                self.waiting.popleft()
+                continue
+            if not self._can_admit(req):
+                return
+            self.waiting.popleft()
+            self._start(req)
+            fut.set_result(None)
+
+    def release(self, req: GenRequest, aborted: bool = False) -> None:
+        if self.running.pop(req.rid, None) is None:
+            return
+        self.reserved_tokens -= req.reservation
+        self.used_tokens -= req.prompt_tokens + req.generated
+        if aborted and not req.done:
+            self.metrics.observe_one_aborted_request()
+        self._admit_waiting()
+
+    # ---- timing ------------------------------------------------------------------------------
+    def step_s(self) -> float:
+        """Time of one decode step for the current load."""
+        extra = self.config.cost_model.extra_step_s(self.used_tokens)
+        return self.config.tpot_s + extra
+
+    async def _sleep_until(self, deadline: float) -> None:
+        # Re-check after waking: loop timers have ~1 ms granularity and may fire early.
+        while True:
+            delay = deadline - self.clock()
+            if delay <= 0:
+                return
+            await asyncio.sleep(delay)
+
+    async def generate(self, req: GenRequest) -> AsyncIterator[OutputBatch]:
+        """Admit, then yield output batches at their deadlines. Always releases the slot."""
+        await self.admit(req)
+        try:
+            assert req.admitted is not None
+            k = self.config.tokens_per_chunk
+            due = req.admitted + self.config.ttft_s
+            await self._sleep_until(due)
+            first = min(1, req.output_tokens)
+            yield self._emit(req, first)
+            while req.generated < req.output_tokens:
+                batch = min(k, req.output_tokens - req.generated)
+                for _ in range(batch):
+                    due += self.step_s()
+                await self._sleep_until(due)
+                yield self._emit(req, batch)
+        finally:
+            self.release(req, aborted=not req.done)
+
+    def _emit(self, req: GenRequest, n: int) -> OutputBatch:
+        now = self.clock()
+        first = req.generated == 0 and req.last_output == 0.0
+        req.generated += n
+        self.used_tokens += n
+        self._tokens_since_log += n
+        self.metrics.realtime_tokens["decode"] += n
+        if first:
+            self.metrics.observe_time_to_first_token(now - req.arrival)
+        else:
+            self.metrics.observe_inter_token_latency(now - req.last_output, n)
+        req.last_output = now
+        finished = req.generated >= req.output_tokens
+        if finished:
+            req.done = True
+            self.metrics.observe_one_finished_request(
+                req.prompt_tokens, req.generated, now - req.arrival
+            )
+        return OutputBatch(n, req.generated, finished, now)
+
+    # ---- stats (the scheduler's log_stats) ---------------------------------------------------
+    def _emit_constants(self) -> None:
+        g = self.metrics.gauges
+        c = self.config
+        g["max_total_num_tokens"] = c.max_total_tokens
+        g["page_size"] = 1
+        g["num_pages"] = c.max_total_tokens
+        g["context_len"] = c.context_length
+        g["engine_startup_time"] = c.startup_delay_s
+        g["engine_load_weights_time"] = c.startup_delay_s
+        g["startup_available_gpu_memory_gb"] = 0.0
+        g["fwd_occupancy"] = math.nan  # no device timer: the real default is NaN
+
+    def _log_stats(self, gen_throughput: float) -> None:
+        g = self.metrics.gauges
+        pool = self.config.max_total_tokens
+        g["num_running_reqs"] = len(self.running)
+        g["num_queue_reqs"] = sum(1 for _, f in self.waiting if not f.done())
+        g["gen_throughput"] = gen_throughput
+        g["decode_sum_seq_lens"] = self.used_tokens
+        g["token_usage"] = g["full_token_usage"] = self.used_tokens / pool
+        g["num_used_tokens"] = g["kv_used_tokens"] = self.used_tokens
+        g["kv_available_tokens"] = pool - self.used_tokens
+        k = self.config.tokens_per_chunk
+        g["spec_accept_length"] = float(k) if k > 1 else 0.0
+        g["spec_accept_rate"] = 1.0 if k > 1 else 0.0
+        if self.running:
+            g["is_cuda_graph"] = 1.0
+
+    def log_decode_stats(self) -> None:
+        now = self.clock()
+        gap = now - self._last_log
+        self.last_gen_throughput = self._tokens_since_log / gap if gap > 0 else 0.0
+        self._tokens_since_log = 0
+        self._last_log = now
+        self._log_stats(self.last_gen_throughput)
+
+    async def _stats_loop(self) -> None:
+        while True:
+            if self.running:
+                # decode_log_interval decode steps at the current step time
+                await asyncio.sleep(self.config.decode_log_interval * self.step_s())
+                if self.running or self._tokens_since_log:
+                    self.log_decode_stats()
+            else:
+                wait = self._last_log + IDLE_LOG_INTERVAL_S - self.clock()
+                # Poll: new work should start the decode cadence within one step.
+                await asyncio.sleep(min(max(wait, 0.0), self.step_s() * 5))
+                if not self.running and self.clock() - self._last_log >= IDLE_LOG_INTERVAL_S:
+                    self._tokens_since_log = 0
+                    self._last_log = self.clock()
+                    self.last_gen_throughput = 0.0
+                    self._log_stats(0.0)
