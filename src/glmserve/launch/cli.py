@@ -289,7 +289,11 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
     version = host.detect_version(site) if site is not None else None
     marker = host.read_marker(site) if site is not None and version is not None else None
     checks.check_sglang(profile, site, version, marker)
-    assert marker is not None  # check_sglang refused otherwise; narrows the type
+    assert site is not None and marker is not None  # check_sglang refused otherwise
+    problems = host.preflight(site)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise LaunchError(f"patched SGLang in {site} fails the preflight: {problems[0]}{more}")
     fp8_gather = checks.fp8_gather_state(plan.env)
     checks.check_writable_dir(checks.flashinfer_cache_dir(plan.env), "FlashInfer JIT cache dir")
     sglang_info = {

@@ -7,13 +7,13 @@ every refusal can be tested on a CPU-only box with an injected inventory.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+from glmserve.launch.errors import LaunchError
 from glmserve.launch.inventory import Gpu, detect_gpus
 
 
@@ -26,48 +26,29 @@ def sglang_site() -> Path | None:
     return Path(next(iter(spec.submodule_search_locations))).parent
 
 
-MARKER_RELPATH = Path("sglang") / ".glmserve-patch.json"
+def detect_version(site: Path) -> str:
+    """The installed SGLang version, read from files by the patch tool (never imported)."""
+    from glmserve.patching import PatchError
+    from glmserve.patching import detect_version as _detect
 
-
-def detect_version(site: Path) -> str | None:
-    """The installed SGLang version, via the patch tool when it is installed."""
-    try:
-        from glmserve.patching import detect_version as _detect
-    except ImportError:
-        return _dist_info_version(site)
     try:
         return _detect(site)
-    except (OSError, ValueError, LookupError):
-        return None
+    except PatchError as exc:
+        raise LaunchError(f"cannot tell which SGLang is installed: {exc}") from None
 
 
 def read_marker(site: Path) -> dict[str, Any] | None:
     """The patch marker apply.py wrote into the package, or None when SGLang is unpatched."""
-    try:
-        from glmserve.patching import read_marker as _read
-    except ImportError:
-        return _read_marker_file(site)
+    from glmserve.patching import read_marker as _read
+
     return _read(site)
 
 
-# Fallbacks for an install without glmserve.patching (CONTRACTS.md fixes both formats): the
-# version from the wheel's dist-info, the marker as <site>/sglang/.glmserve-patch.json.
-def _dist_info_version(site: Path) -> str | None:
-    for meta in sorted(site.glob("sglang-*.dist-info/METADATA")):
-        for line in meta.read_text(encoding="utf-8", errors="replace").splitlines():
-            if line.startswith("Version:"):
-                return line.split(":", 1)[1].strip()
-    return None
+def preflight(site: Path) -> list[str]:
+    """The patch tool's check of the patch's effect (AST only: the self-test runs the kernel)."""
+    from glmserve.patching.verify import preflight as _preflight
 
-
-def _read_marker_file(site: Path) -> dict[str, Any] | None:
-    try:
-        raw = json.loads((site / MARKER_RELPATH).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return raw if isinstance(raw, dict) else {}
+    return _preflight(site, import_gather=False)
 
 
 def run_selftest() -> tuple[str, str]:
@@ -93,7 +74,8 @@ class Host:
     environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
     gpus: Callable[[Mapping[str, str]], list[Gpu]] = detect_gpus
     sglang_site: Callable[[], Path | None] = sglang_site
-    detect_version: Callable[[Path], str | None] = detect_version
+    detect_version: Callable[[Path], str] = detect_version
     read_marker: Callable[[Path], dict[str, Any] | None] = read_marker
+    preflight: Callable[[Path], list[str]] = preflight
     run_selftest: Callable[[], tuple[str, str]] = run_selftest
     execvpe: Callable[[str, list[str], Mapping[str, str]], Any] = _exec

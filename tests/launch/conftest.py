@@ -1,0 +1,87 @@
+"""Launcher test fixtures: a Host whose GPUs, SGLang install, self-test and exec are all injected,
+so every refusal and the exec itself are observable on a CPU-only machine."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from launch_helpers import (
+    PINNED,
+    PROFILES_DIR,
+    REPO,
+    RTX,
+    Outcome,
+    Recorder,
+    good_marker,
+    gpus_like,
+)
+
+from glmserve.launch import Gpu, Host, LaunchError, run
+
+
+@pytest.fixture
+def base_env(tmp_path: Path) -> dict[str, str]:
+    """An environment whose writable paths all live in this test's tmp dir."""
+    return {
+        "HOME": str(tmp_path / "home"),
+        "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "fi"),
+        "GLMSERVE_BUILD_INFO": str(tmp_path / "run" / "build-info.json"),
+        "GLMSERVE_PROFILES_DIR": str(PROFILES_DIR),
+        "PATH": "/usr/bin:/bin",
+    }
+
+
+@pytest.fixture
+def launch(base_env: dict[str, str]) -> Callable[..., Outcome]:
+    """launch(argv, env=..., gpus=..., version=..., marker=..., preflight=..., selftest=...)."""
+
+    def _launch(
+        argv: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        gpus: list[Gpu] | None = None,
+        site: Path | None = Path("/fake/site-packages"),
+        version: str = PINNED,
+        marker: Any = "good",
+        preflight: list[str] | None = None,
+        selftest: tuple[str, str] = ("passed", "bit-identical on 3 cases"),
+    ) -> Outcome:
+        rec = Recorder()
+        environ = {**base_env, **(env or {})}
+
+        def fake_selftest() -> tuple[str, str]:
+            rec.selftests += 1
+            return selftest
+
+        host = Host(
+            environ=environ,
+            gpus=lambda _env: list(gpus if gpus is not None else gpus_like(RTX, 8)),
+            sglang_site=lambda: site,
+            detect_version=lambda _site: version,
+            read_marker=lambda _site: good_marker() if marker == "good" else marker,
+            preflight=lambda _site: list(preflight or []),
+            run_selftest=fake_selftest,
+            execvpe=lambda file, args, e: rec.execs.append((file, list(args), dict(e))),
+        )
+        out, err = io.StringIO(), io.StringIO()
+        try:
+            code = run(argv, host, out=out, err=err)
+        except LaunchError as exc:
+            # The same rendering main() does: one line on stderr, exit status 2.
+            err.write(f"glmserve.launch: error: {exc}\n")
+            code = 2
+        return Outcome(code, out.getvalue(), err.getvalue(), rec)
+
+    return _launch
+
+
+@pytest.fixture(scope="session")
+def require(pytestconfig: pytest.Config) -> Callable[[bool, str], None]:
+    """tests/conftest.py's require(): skip locally, fail when CI=true."""
+    root = pytestconfig.pluginmanager.get_plugin(str(REPO / "tests" / "conftest.py"))
+    assert root is not None, "tests/conftest.py was not loaded"
+    return root.require

@@ -1,0 +1,45 @@
+"""Shared constants and doubles for the launcher tests (a uniquely named module: several test
+folders have a conftest.py, so importing names from "conftest" would be ambiguous)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from glmserve.launch import Gpu
+
+REPO = Path(__file__).resolve().parents[2]
+PROFILES_DIR = REPO / "entrypoint" / "profiles"
+GLM_FIXTURE = REPO / "tests" / "fixtures" / "glm5-nvfp4"
+TINY_MODEL = REPO / "entrypoint" / "models" / "tiny-mla"
+PINNED = "0.5.12.post1"
+PROFILE_NAMES = sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
+
+RTX = Gpu(index=0, name="NVIDIA RTX PRO 6000 Blackwell Workstation Edition", capability=(12, 0))
+B200 = Gpu(index=0, name="NVIDIA B200", capability=(10, 0))
+H200 = Gpu(index=0, name="NVIDIA H200", capability=(9, 0))
+
+
+def gpus_like(proto: Gpu, n: int) -> list[Gpu]:
+    return [Gpu(index=i, name=proto.name, capability=proto.capability) for i in range(n)]
+
+
+def good_marker(version: str = PINNED) -> dict[str, Any]:
+    return {"series": version, "sglang_version": version, "lock_sha256": "ab" * 32}
+
+
+@dataclass
+class Recorder:
+    """What the launcher did to the machine: exec calls and self-test runs."""
+
+    execs: list[tuple[str, list[str], dict[str, str]]] = field(default_factory=list)
+    selftests: int = 0
+
+
+@dataclass
+class Outcome:
+    code: int
+    out: str
+    err: str
+    rec: Recorder

@@ -1,0 +1,440 @@
+"""The launcher end to end with an injected host: what it execs, and every input it refuses.
+
+Rule under test throughout: a refusal is exactly one line on stderr, a non-zero exit, no
+self-test run, no build-info file and no exec.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from launch_helpers import (
+    B200,
+    GLM_FIXTURE,
+    H200,
+    PINNED,
+    PROFILE_NAMES,
+    RTX,
+    TINY_MODEL,
+    gpus_like,
+)
+
+from glmserve import buildinfo
+
+RTX_PROFILE = "glm5-nvfp4-rtxpro6000-tp8"
+B200_PROFILE = "glm5-nvfp4-b200-tp8"
+GLM_ARGS = ["--model-path", str(GLM_FIXTURE)]
+
+
+def assert_refused(outcome, *fragments: str) -> None:
+    lines = outcome.err.splitlines()
+    assert outcome.code == 2, outcome.err
+    assert len(lines) == 1, f"expected one error line, got: {outcome.err!r}"
+    assert lines[0].startswith("glmserve.launch: error: ")
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    assert outcome.rec.execs == [] and outcome.rec.selftests == 0
+
+
+def dry(launch, argv, **kw):
+    outcome = launch(["--dry-run", *argv], **kw)
+    assert outcome.code == 0, outcome.err
+    return json.loads(outcome.out)
+
+
+# ---------------------------------------------------------------- dry-run: the argv per profile
+
+
+def test_dry_run_rtx_profile_argv_is_exactly_launcher_inputs_then_profile_flags(launch):
+    report = dry(launch, ["--profile", RTX_PROFILE, *GLM_ARGS])
+    assert report["argv"] == [
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(GLM_FIXTURE),
+        "--tp-size",
+        "8",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "30000",
+        "--quantization",
+        "modelopt_fp4",
+        "--kv-cache-dtype",
+        "fp8_e4m3",
+        "--attention-backend",
+        "flashinfer",
+        "--disable-custom-all-reduce",
+        "--enable-metrics",
+    ]
+    assert report["env"]["FLASHINFER_CUDA_ARCH_LIST"] == "12.0f"
+    assert report["env_sources"]["FLASHINFER_CUDA_ARCH_LIST"] == "profile"
+    assert report["sglang"]["version"] == PINNED and report["sglang"]["fp8_gather"] == "on"
+    assert "not probed" in report["gpus"]
+
+
+def test_dry_run_b200_profile_keeps_custom_all_reduce_and_targets_sm100(launch):
+    report = dry(launch, ["--profile", B200_PROFILE, *GLM_ARGS])
+    argv = report["argv"]
+    assert "--disable-custom-all-reduce" not in argv  # NVLink: custom all-reduce is the fast path
+    assert argv[argv.index("--quantization") + 1] == "modelopt_fp4"
+    assert argv[argv.index("--kv-cache-dtype") + 1] == "fp8_e4m3"
+    assert argv[argv.index("--attention-backend") + 1] == "flashinfer"
+    assert "--enable-metrics" in argv
+    assert report["env"]["FLASHINFER_CUDA_ARCH_LIST"] == "10.0a"
+
+
+@pytest.mark.parametrize("profile", ["tiny-mla", "tiny-mla-78l"])
+def test_dry_run_tiny_profiles_default_to_the_shipped_model(launch, profile):
+    report = dry(launch, ["--profile", profile])
+    argv = report["argv"]
+    assert report["model_path"] == str(TINY_MODEL)
+    assert argv[argv.index("--load-format") + 1] == "dummy"
+    assert argv[argv.index("--tp-size") + 1] == "1"
+    if profile == "tiny-mla-78l":
+        override = json.loads(argv[argv.index("--json-model-override-args") + 1])
+        assert override == {"num_hidden_layers": 78}
+    else:
+        assert "--json-model-override-args" not in argv
+
+
+@pytest.mark.parametrize("profile", PROFILE_NAMES)
+def test_every_profile_dry_runs_against_its_model(launch, profile):
+    """The image check runs exactly this for every profile; it must pass for all of them."""
+    model = [] if profile.startswith("tiny") else GLM_ARGS
+    report = dry(launch, ["--profile", profile, *model])
+    assert report["profile"] == profile
+    assert report["argv"][1:3] == ["-m", "sglang.launch_server"]
+
+
+def test_inputs_come_from_env_and_cli_wins(launch):
+    env = {
+        "GLMSERVE_PROFILE": RTX_PROFILE,
+        "GLMSERVE_MODEL_PATH": str(GLM_FIXTURE),
+        "GLMSERVE_TP": "4",
+        "GLMSERVE_HOST": "0.0.0.0",
+        "GLMSERVE_PORT": "31000",
+    }
+    report = dry(launch, ["--port", "32000"], env=env)
+    argv = report["argv"]
+    assert argv[argv.index("--tp-size") + 1] == "4"
+    assert argv[argv.index("--host") + 1] == "0.0.0.0"
+    assert argv[argv.index("--port") + 1] == "32000"
+
+
+def test_environment_overrides_profile_env_and_says_so(launch):
+    report = dry(
+        launch,
+        ["--profile", RTX_PROFILE, *GLM_ARGS],
+        env={"FLASHINFER_CUDA_ARCH_LIST": "12.0f 10.0a", "GLMSERVE_FP8_GATHER": "0"},
+    )
+    assert report["env"]["FLASHINFER_CUDA_ARCH_LIST"] == "12.0f 10.0a"
+    assert report["env_sources"]["FLASHINFER_CUDA_ARCH_LIST"] == "environment"
+    assert report["sglang"]["fp8_gather"] == "off"
+
+
+def test_dry_run_does_not_echo_unrelated_environment(launch):
+    report = dry(launch, ["--profile", "tiny-mla"], env={"HF_TOKEN": "hf_secret"})
+    assert "hf_secret" not in json.dumps(report)
+
+
+# ---------------------------------------------------------------- extra args: a list, intact
+
+JSON_ARG = '{"num_hidden_layers": 78, "note": "a b  c", "nested": {"k": [1, 2]}}'
+
+
+def test_json_extra_arg_after_double_dash_survives_intact(launch):
+    report = dry(
+        launch,
+        [
+            "--profile",
+            "tiny-mla",
+            "--",
+            "--json-model-override-args",
+            JSON_ARG,
+            "--log-level",
+            "debug",
+        ],
+    )
+    argv = report["argv"]
+    assert argv[-4:] == ["--json-model-override-args", JSON_ARG, "--log-level", "debug"]
+    assert json.loads(argv[-3]) == json.loads(JSON_ARG)
+
+
+def test_json_extra_arg_from_env_array_survives_intact_and_precedes_cli(launch):
+    env = {"GLMSERVE_EXTRA_ARGS": json.dumps(["--json-model-override-args", JSON_ARG])}
+    report = dry(launch, ["--profile", "tiny-mla", "--", "--cuda-graph-max-bs", "1"], env=env)
+    argv = report["argv"]
+    assert argv[-4:] == ["--json-model-override-args", JSON_ARG, "--cuda-graph-max-bs", "1"]
+    # Extra args come after the profile's, so SGLang's argparse keeps the user's value.
+    assert argv.index("--cuda-graph-max-bs") < len(argv) - 2
+    assert argv[-1] == "1"
+
+
+@pytest.mark.parametrize(
+    "raw, fragment",
+    [
+        ("--mem-fraction-static 0.8", "must be a JSON array"),
+        ('{"a": 1}', "not dict"),
+        ('["--x", 3]', "not list"),
+    ],
+)
+def test_bad_extra_args_env_is_refused(launch, raw, fragment):
+    outcome = launch(["--profile", "tiny-mla"], env={"GLMSERVE_EXTRA_ARGS": raw})
+    assert_refused(outcome, "GLMSERVE_EXTRA_ARGS", fragment)
+
+
+@pytest.mark.parametrize("flag", ["--tp-size", "--port", "--model-path", "--host=0.0.0.0"])
+def test_extra_args_may_not_set_launcher_owned_flags(launch, flag):
+    outcome = launch(["--profile", "tiny-mla", "--", flag, "4"])
+    assert_refused(outcome, flag.split("=")[0], "set by the launcher")
+
+
+# ---------------------------------------------------------------- refusals from the issue
+
+
+def test_wrong_tp_for_gpu_count(launch):
+    outcome = launch(["--profile", RTX_PROFILE, *GLM_ARGS], gpus=gpus_like(RTX, 4))
+    assert_refused(outcome, "TP 8 needs 8 visible GPUs but 4 are visible")
+
+
+def test_tp_override_is_checked_against_gpus(launch):
+    outcome = launch(["--profile", "tiny-mla", "--tp", "2"], gpus=gpus_like(H200, 1))
+    assert_refused(outcome, "TP 2 needs 2 visible GPUs but 1 are visible")
+
+
+@pytest.mark.parametrize("bad", ["0", "eight", "-1"])
+def test_bad_tp_value(launch, bad):
+    outcome = launch(["--profile", "tiny-mla", "--tp", bad])
+    assert_refused(outcome, "TP must be")
+
+
+def test_non_blackwell_arch_is_refused_without_override(launch):
+    outcome = launch(["--profile", RTX_PROFILE, *GLM_ARGS], gpus=gpus_like(H200, 8))
+    assert_refused(outcome, "compute capability 9.0", "12.x", "--allow-any-arch")
+
+
+def test_sm100_gpus_do_not_satisfy_the_sm120_profile(launch):
+    outcome = launch(["--profile", RTX_PROFILE, *GLM_ARGS], gpus=gpus_like(B200, 8))
+    assert_refused(outcome, "compute capability 10.0")
+
+
+@pytest.mark.parametrize("how", ["cli", "env"])
+def test_arch_override_lets_it_start(launch, how):
+    argv = ["--profile", RTX_PROFILE, *GLM_ARGS]
+    env = {}
+    if how == "cli":
+        argv.append("--allow-any-arch")
+    else:
+        env["GLMSERVE_ALLOW_ANY_ARCH"] = "1"
+    outcome = launch(argv, gpus=gpus_like(H200, 8), env=env)
+    assert outcome.code == 0, outcome.err
+    assert len(outcome.rec.execs) == 1
+
+
+def test_missing_model_dir(launch, tmp_path):
+    outcome = launch(["--profile", RTX_PROFILE, "--model-path", str(tmp_path / "nope")])
+    assert_refused(outcome, "does not exist")
+
+
+def test_model_dir_without_config_json(launch, tmp_path):
+    outcome = launch(["--profile", RTX_PROFILE, "--model-path", str(tmp_path)])
+    assert_refused(outcome, "has no config.json")
+
+
+def test_glm_profile_needs_a_model_path(launch):
+    outcome = launch(["--profile", RTX_PROFILE])
+    assert_refused(outcome, "no default model", "--model-path")
+
+
+def test_architecture_mismatch(launch):
+    # The tiny DeepseekV3 model handed to a GLM-5 profile.
+    outcome = launch(["--profile", RTX_PROFILE, "--model-path", str(TINY_MODEL)])
+    assert_refused(outcome, "DeepseekV3ForCausalLM", "GlmMoeDsaForCausalLM")
+
+
+def _copy_glm(tmp_path: Path, **changes) -> Path:
+    model = tmp_path / "model"
+    model.mkdir()
+    config = json.loads((GLM_FIXTURE / "config.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    (model / "config.json").write_text(json.dumps(config))
+    return model
+
+
+def test_unquantized_glm_model_is_refused_by_the_nvfp4_profile(launch, tmp_path):
+    model = _copy_glm(tmp_path, quantization_config=None)
+    outcome = launch(["--profile", RTX_PROFILE, "--model-path", str(model)])
+    assert_refused(outcome, "quant_algo none", "needs NVFP4")
+
+
+def test_fp8_glm_model_is_refused_by_the_nvfp4_profile(launch, tmp_path):
+    model = _copy_glm(tmp_path, quantization_config={"quant_method": "fp8"})
+    outcome = launch(["--profile", RTX_PROFILE, "--model-path", str(model)])
+    assert_refused(outcome, "quant_algo fp8", "needs NVFP4")
+
+
+def test_nvfp4_found_in_hf_quant_config_json_alone(launch, tmp_path):
+    """SGLang falls back to hf_quant_config.json when config.json has no quantization_config."""
+    model = _copy_glm(tmp_path, quantization_config=None)
+    (model / "hf_quant_config.json").write_text(
+        json.dumps({"quantization": {"quant_algo": "NVFP4"}})
+    )
+    dry(launch, ["--profile", RTX_PROFILE, "--model-path", str(model)])
+
+
+def test_mla_geometry_mismatch(launch, tmp_path):
+    model = _copy_glm(tmp_path, kv_lora_rank=256)
+    outcome = launch(["--profile", RTX_PROFILE, "--model-path", str(model)])
+    assert_refused(outcome, "kv_lora_rank=256", "kv_lora_rank=512")
+
+
+def test_sglang_not_installed(launch):
+    outcome = launch(["--profile", "tiny-mla"], site=None)
+    assert_refused(outcome, "SGLang is not installed")
+
+
+def test_wrong_sglang_version(launch):
+    outcome = launch(["--profile", "tiny-mla"], version="0.5.23")
+    assert_refused(outcome, "installed SGLang is 0.5.23", PINNED)
+
+
+def test_unpatched_sglang(launch):
+    outcome = launch(["--profile", "tiny-mla"], marker=None)
+    assert_refused(outcome, "is not patched", "patches/apply.py --target")
+
+
+def test_marker_from_another_sglang_version(launch):
+    outcome = launch(
+        ["--profile", "tiny-mla"], marker={"series": "0.5.12", "sglang_version": "0.5.12"}
+    )
+    assert_refused(outcome, "written for SGLang 0.5.12", "re-apply")
+
+
+def test_failed_preflight_is_refused(launch):
+    problems = ["decode path still casts the full pool", "gather module missing"]
+    outcome = launch(["--profile", "tiny-mla"], preflight=problems)
+    assert_refused(outcome, "fails the preflight: decode path still casts the full pool", "1 more")
+
+
+def test_unwritable_jit_cache_dir(launch, tmp_path):
+    blocker = tmp_path / "file-not-dir"
+    blocker.write_text("")
+    outcome = launch(["--profile", "tiny-mla"], env={"FLASHINFER_WORKSPACE_BASE": str(blocker)})
+    assert_refused(outcome, "FlashInfer JIT cache dir", "not writable")
+
+
+def test_bad_fp8_gather_switch(launch):
+    outcome = launch(["--profile", "tiny-mla"], env={"GLMSERVE_FP8_GATHER": "yes"})
+    assert_refused(outcome, "GLMSERVE_FP8_GATHER")
+
+
+def test_unknown_profile_lists_the_available_ones(launch):
+    outcome = launch(["--profile", "glm5-h100"])
+    assert_refused(outcome, "unknown profile 'glm5-h100'", *PROFILE_NAMES)
+
+
+def test_no_profile_lists_the_available_ones(launch):
+    outcome = launch(["--dry-run"])
+    assert_refused(outcome, "no profile given", "tiny-mla")
+
+
+def test_unknown_launcher_option_is_one_line(launch):
+    outcome = launch(["--profile", "tiny-mla", "--tp-size", "8"])
+    assert_refused(outcome, "unrecognized arguments: --tp-size 8")
+
+
+def test_malformed_profile_file(launch, tmp_path):
+    (tmp_path / "broken.json").write_text('{"schema": 1, "name": "broken",')
+    outcome = launch(["--profile", "broken", "--profiles-dir", str(tmp_path)])
+    assert_refused(outcome, "not valid JSON", "broken.json")
+
+
+# ---------------------------------------------------------------- the start sequence
+
+
+def test_start_runs_selftest_writes_build_info_then_execs(launch, base_env):
+    outcome = launch(["--profile", RTX_PROFILE, *GLM_ARGS])
+    assert outcome.code == 0, outcome.err
+    assert outcome.rec.selftests == 1
+    [(file, argv, env)] = outcome.rec.execs
+    assert file == sys.executable and argv[0] == sys.executable
+    assert argv[1:3] == ["-m", "sglang.launch_server"]
+    assert env["FLASHINFER_CUDA_ARCH_LIST"] == "12.0f" and env["HOME"] == base_env["HOME"]
+    info = buildinfo.read_build_info(base_env["GLMSERVE_BUILD_INFO"])
+    assert info == {
+        "sglang_version": PINNED,
+        "patch_series": PINNED,
+        "patch_lock_sha256": "ab" * 32,
+        "fp8_gather": "on",
+        "source": "launcher",
+    }
+
+
+def test_build_info_records_the_upstream_path_when_gather_is_off(launch, base_env):
+    outcome = launch(["--profile", "tiny-mla"], env={"GLMSERVE_FP8_GATHER": "0"}, gpus=[H200])
+    assert outcome.code == 0, outcome.err
+    assert buildinfo.read_build_info(base_env["GLMSERVE_BUILD_INFO"])["fp8_gather"] == "off"
+
+
+def test_failed_selftest_refuses_to_serve(launch, base_env):
+    outcome = launch(
+        ["--profile", RTX_PROFILE, *GLM_ARGS], selftest=("failed", "row 17 differs from .to()")
+    )
+    assert outcome.code == 2
+    assert outcome.err.splitlines()[-1].startswith(
+        "glmserve.launch: error: kernel self-test failed"
+    )
+    assert "row 17 differs" in outcome.err and "--skip-selftest" in outcome.err
+    assert outcome.rec.execs == []
+    assert not Path(base_env["GLMSERVE_BUILD_INFO"]).exists()
+
+
+@pytest.mark.parametrize("how", ["cli", "env"])
+def test_selftest_override_serves_without_running_it(launch, how):
+    argv = ["--profile", RTX_PROFILE, *GLM_ARGS]
+    env = {}
+    if how == "cli":
+        argv.append("--skip-selftest")
+    else:
+        env["GLMSERVE_SKIP_SELFTEST"] = "1"
+    outcome = launch(argv, env=env, selftest=("failed", "would fail"))
+    assert outcome.code == 0, outcome.err
+    assert outcome.rec.selftests == 0 and len(outcome.rec.execs) == 1
+    assert "skipped by override" in outcome.err
+
+
+def test_skipped_selftest_is_not_a_failure(launch):
+    outcome = launch(["--profile", RTX_PROFILE, *GLM_ARGS], selftest=("skipped", "no CUDA"))
+    assert outcome.code == 0 and len(outcome.rec.execs) == 1
+
+
+def test_check_mode_probes_gpus_but_starts_nothing(launch):
+    ok = launch(["--check", "--profile", "tiny-mla"], gpus=[H200])
+    assert ok.code == 0, ok.err
+    assert "NVIDIA H200" in json.loads(ok.out)["gpus"]
+    assert ok.rec.execs == [] and ok.rec.selftests == 0
+    bad = launch(["--check", "--profile", "tiny-mla"], gpus=[])
+    assert_refused(bad, "TP 1 needs 1 visible GPUs but 0 are visible")
+
+
+def test_unwritable_build_info_is_refused_before_the_selftest(launch, tmp_path):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    env = {"GLMSERVE_BUILD_INFO": str(blocker / "build-info.json")}
+    outcome = launch(["--profile", RTX_PROFILE, *GLM_ARGS], env=env)
+    assert_refused(outcome, "build-info directory")
+
+
+def test_list_profiles(launch):
+    outcome = launch(["--list-profiles"])
+    assert outcome.code == 0
+    assert [line.split("\t")[0] for line in outcome.out.splitlines()] == PROFILE_NAMES
