@@ -190,6 +190,10 @@ def _parse_hunk(lines: list[bytes], i: int, name: str) -> tuple[Hunk, int]:
                     raise PatchError(f"{name}:{i + 1}: duplicate no-newline marker")
                 side[-1] = side[-1][:-1]
             last_sides = ()
+        elif tag not in (b" ", b"-", b"+"):
+            # Includes an empty line: some editors strip the single space of an empty context
+            # line, and accepting that would be fuzz by another name.
+            raise PatchError(f"{name}:{i + 1}: invalid hunk line {line[:60]!r}")
         elif not body.endswith(b"\n"):
             raise PatchError(f"{name}:{i + 1}: hunk line lacks a line ending")
         elif tag == b" ":
@@ -199,13 +203,9 @@ def _parse_hunk(lines: list[bytes], i: int, name: str) -> tuple[Hunk, int]:
         elif tag == b"-":
             old.append(body)
             last_sides = (old,)
-        elif tag == b"+":
+        else:
             new.append(body)
             last_sides = (new,)
-        else:
-            # Includes an empty line: some editors strip the single space of an empty context
-            # line, and accepting that would be fuzz by another name.
-            raise PatchError(f"{name}:{i + 1}: invalid hunk line {line[:60]!r}")
         if len(old) > old_len or len(new) > new_len:
             raise PatchError(f"{name}:{i + 1}: hunk is longer than its header says")
         i += 1
