@@ -3,13 +3,11 @@ records, and the report + SLO exit code when Locust quits."""
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import sys
 import time
 import weakref
-from dataclasses import dataclass, field
 from typing import Any
 
 import locust
@@ -18,44 +16,11 @@ from locust.runners import MasterRunner, WorkerRunner
 
 from glmserve.loadtest.options import EXIT_SLO_BREACH, LoadTestOptions, OptionsError, add_arguments
 from glmserve.loadtest.prompts import load_prompt_file
-from glmserve.loadtest.results import Collector, RequestRecord
-from glmserve.loadtest.shapes import DecodeShape, Tick
-from glmserve.streaming import StreamTiming
+from glmserve.loadtest.session import Session
+from glmserve.loadtest.shapes import DecodeShape
 
 log = logging.getLogger(__name__)
 WIRE_KEY = "glmserve_records"
-
-
-@dataclass
-class Session:
-    """State of one Locust run in this process (kept per Environment, never module-global)."""
-
-    options: LoadTestOptions
-    is_worker: bool = False
-    prompts: list[str] | None = None
-    collector: Collector = field(default_factory=Collector)
-    server: dict[str, Any] | None = None
-    started_at: float = field(default_factory=time.time)
-    _ids: itertools.count = field(default_factory=itertools.count)
-
-    def next_stream_id(self) -> int:
-        return next(self._ids)
-
-    def record_success(self, started_at: float, timing: StreamTiming) -> None:
-        rec = RequestRecord(started_at, started_at + timing.e2e_s, timing)
-        self.collector.add(rec, is_worker=self.is_worker)
-
-    def record_failure(self, started_at: float, ended_at: float, reason: str) -> None:
-        self.collector.add(
-            RequestRecord(started_at, ended_at, None, reason), is_worker=self.is_worker
-        )
-
-    def on_phase(self, tick: Tick, at: float, environment: Environment) -> None:
-        log.info("step %d: %d streams, %s", tick.step, tick.users, tick.phase)
-        self.collector.phase(tick.step, tick.users, tick.phase, at)
-        if tick.phase == "measure" and environment.runner is not None:
-            # Locust's own table then shows this step's steady state only.
-            environment.runner.stats.reset_all()
 
 
 _SESSIONS: weakref.WeakKeyDictionary[Environment, Session] = weakref.WeakKeyDictionary()
@@ -92,9 +57,9 @@ def start_session(
     _SESSIONS[environment] = session
     shape = environment.shape_class
     if isinstance(shape, DecodeShape):
-        shape.configure(options)
-        shape.on_phase = lambda tick, at: session.on_phase(tick, at, environment)
-        shape.on_end = session.collector.close
+        player = shape.configure(options)
+        player.on_phase = lambda tick, at: session.on_phase(tick, at, environment)
+        player.on_end = session.collector.close
         shape.on_reset = session.collector.clear
     return session
 
@@ -111,8 +76,13 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
 
 def _on_test_stop(environment: Environment, **_: Any) -> None:
     session = _SESSIONS.get(environment)
-    if session is not None and not session.is_worker:
-        session.collector.close(time.time())
+    if session is None or session.is_worker:
+        return
+    session.collector.close(time.time())
+    ns = environment.parsed_options
+    if ns is not None and not ns.headless:
+        # A web-UI user reads the report after pressing stop, not only when Locust exits.
+        _finish(environment, session)
 
 
 def _on_report_to_master(client_id: str, data: dict[str, Any], **_: Any) -> None:
@@ -134,9 +104,13 @@ def _on_quitting(environment: Environment, **_: Any) -> None:
     session = _SESSIONS.get(environment)
     if session is None or session.is_worker:
         return
+    session.collector.close(time.time())
+    _finish(environment, session)
+
+
+def _finish(environment: Environment, session: Session) -> None:
     from glmserve.loadtest.report import write_report
 
-    session.collector.close(time.time())
     outcome = write_report(session, environment.host or "", os.getcwd())
     for line in outcome.breaches:
         log.error("SLO breach: %s", line)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from glmserve.loadtest.results import SLO, STAT_KEYS, StepResult, step_summary
 
 if TYPE_CHECKING:
-    from glmserve.loadtest.plugin import Session
+    from glmserve.loadtest.session import Session
 
 log = logging.getLogger(__name__)
 SCHEMA = "glmserve.loadtest.summary/1"

@@ -4,8 +4,8 @@ SGLang 0.5.12.post1 answers /server_info (and the deprecated /get_server_info) w
 server_args, the scheduler info (max_total_num_tokens = KV pool size in tokens),
 internal_states (memory_usage.token_capacity, the same pool size) and "version".
 The patch series is not in there: it comes from the glmserve build-info file, when this
-process can read it (--build-info, or $GLMSERVE_BUILD_INFO), or from a "glmserve" object
-a target adds to its server info (the emulator does).
+process can read it (--build-info, or $GLMSERVE_BUILD_INFO). glmserve's emulator adds a
+"glmserve_emulator" object (its configured timing), which the report keeps.
 """
 
 from __future__ import annotations
@@ -63,9 +63,9 @@ def extract(info: dict[str, Any]) -> dict[str, Any]:
         if states and isinstance(states[0], dict):
             pool = (states[0].get("memory_usage") or {}).get("token_capacity")
     out["kv_pool_tokens"] = pool
-    glm = info.get("glmserve")
-    if isinstance(glm, dict):
-        out["build_info"] = {k: glm.get(k) for k in buildinfo.FIELDS if k in glm}
+    emulator = info.get("glmserve_emulator")
+    if isinstance(emulator, dict):  # the target is glmserve's emulator, with its timing truth
+        out["emulator"] = emulator
     return out
 
 

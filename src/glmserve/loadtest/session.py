@@ -1,0 +1,48 @@
+"""One run's state in one Locust process: options, prompts, records and windows."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from glmserve.loadtest.options import LoadTestOptions
+from glmserve.loadtest.results import Collector, RequestRecord
+from glmserve.loadtest.stages import Tick
+from glmserve.streaming import StreamTiming
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Session:
+    """State of one Locust run in this process (kept per Environment, never module-global)."""
+
+    options: LoadTestOptions
+    is_worker: bool = False
+    prompts: list[str] | None = None
+    collector: Collector = field(default_factory=Collector)
+    server: dict[str, Any] | None = None
+    started_at: float = field(default_factory=time.time)
+    _ids: itertools.count = field(default_factory=itertools.count)
+
+    def next_stream_id(self) -> int:
+        return next(self._ids)
+
+    def record_success(self, started_at: float, timing: StreamTiming) -> None:
+        rec = RequestRecord(started_at, started_at + timing.e2e_s, timing)
+        self.collector.add(rec, is_worker=self.is_worker)
+
+    def record_failure(self, started_at: float, ended_at: float, reason: str) -> None:
+        self.collector.add(
+            RequestRecord(started_at, ended_at, None, reason), is_worker=self.is_worker
+        )
+
+    def on_phase(self, tick: Tick, at: float, environment: Any) -> None:
+        log.info("step %d: %d streams, %s", tick.step, tick.users, tick.phase)
+        self.collector.phase(tick.step, tick.users, tick.phase, at)
+        if tick.phase == "measure" and environment.runner is not None:
+            # Locust's own table then shows this step's steady state only.
+            environment.runner.stats.reset_all()

@@ -1,0 +1,100 @@
+"""Load shapes as small stage tables, and the player that walks one (no Locust import).
+
+A stage is one concurrency level: `warmup_s` to let the new streams reach steady state, then
+`measure_s` of measurement. The table is data, so tests check it without Locust (importing
+Locust monkey-patches the whole process with gevent, which other code must not inherit).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Stage:
+    streams: int
+    warmup_s: float
+    measure_s: float  # math.inf: until stopped
+
+    @property
+    def duration_s(self) -> float:
+        return self.warmup_s + self.measure_s
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Where a run is at one moment: the stage index, its phase, and the users to hold."""
+
+    step: int
+    phase: str  # "warmup" | "measure"
+    users: int
+    spawn_rate: float
+
+
+def sweep_levels(max_streams: int) -> list[int]:
+    """1, 2, 4, ... up to max_streams, ending exactly on max_streams."""
+    levels, n = [], 1
+    while n < max_streams:
+        levels.append(n)
+        n *= 2
+    levels.append(max_streams)
+    return levels
+
+
+def plan(shape: str, streams: int, warmup_s: float, measure_s: float) -> list[Stage]:
+    measure = math.inf if measure_s == 0 else measure_s
+    if shape == "single":
+        return [Stage(1, warmup_s, measure)]
+    if shape == "concurrent":
+        return [Stage(streams, warmup_s, measure)]
+    if shape == "sweep":
+        return [Stage(n, warmup_s, measure_s) for n in sweep_levels(streams)]
+    raise ValueError(f"unknown shape {shape!r}")
+
+
+def tick_at(stages: Sequence[Stage], run_time: float) -> Tick | None:
+    """The tick for `run_time` seconds into the run; None once every stage is over."""
+    start = 0.0
+    for i, stage in enumerate(stages):
+        end = start + stage.duration_s
+        if run_time < end:
+            phase = "warmup" if run_time < start + stage.warmup_s else "measure"
+            # Ramp a step's new streams within about a second: the warm-up absorbs the burst.
+            return Tick(i, phase, stage.streams, float(max(stage.streams, 1)))
+        start = end
+    return None
+
+
+@dataclass
+class StagePlayer:
+    """Turns run times into Locust ticks and announces each phase change once.
+
+    Phase changes carry the wall time at which they were observed; the measurement windows
+    are those times, so a late tick only shortens a window, never blurs two steps together.
+    """
+
+    stages: list[Stage]
+    on_phase: Callable[[Tick, float], None] | None = None
+    on_end: Callable[[float], None] | None = None
+    wall: Callable[[], float] = time.time
+    _last: tuple[int, str] | None = field(default=None, repr=False)
+
+    def reset(self) -> None:
+        self._last = None
+
+    def tick(self, run_time: float) -> tuple[int, float] | None:
+        current = tick_at(self.stages, run_time)
+        if current is None:
+            if self._last is not None and self.on_end is not None:
+                self.on_end(self.wall())
+            self._last = None
+            return None
+        key = (current.step, current.phase)
+        if key != self._last:
+            self._last = key
+            if self.on_phase is not None:
+                self.on_phase(current, self.wall())
+        return current.users, current.spawn_rate
