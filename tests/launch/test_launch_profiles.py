@@ -1,0 +1,119 @@
+"""Profiles are data with a schema: the shipped ones parse, and a malformed one is refused with a
+single line naming the file and the problem."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from launch_helpers import PINNED, PROFILE_NAMES, PROFILES_DIR, TINY_MODEL
+
+from glmserve.launch import LaunchError, load_profile, parse_profile_file
+from glmserve.launch.profiles import LAUNCHER_OWNED_FLAGS, find_profiles_dir
+
+REQUIRED = {"glm5-nvfp4-rtxpro6000-tp8", "glm5-nvfp4-b200-tp8", "tiny-mla"}
+
+
+def test_the_required_profiles_ship():
+    assert set(PROFILE_NAMES) >= REQUIRED
+
+
+@pytest.mark.parametrize("name", PROFILE_NAMES)
+def test_shipped_profile_parses_and_documents_every_flag(name):
+    profile = load_profile(PROFILES_DIR, name)
+    assert profile.sglang_version == PINNED
+    flags = [a for a in profile.args if a.startswith("--")]
+    assert flags and all(profile.notes[f].strip() for f in flags)
+    assert all(profile.notes[k].strip() for k in profile.env)
+    assert not {a.split("=")[0] for a in profile.args} & set(LAUNCHER_OWNED_FLAGS)
+
+
+def test_glm_profiles_carry_the_issue_flags():
+    for name in ("glm5-nvfp4-rtxpro6000-tp8", "glm5-nvfp4-b200-tp8"):
+        p = load_profile(PROFILES_DIR, name)
+        pairs = dict(zip(p.args, [*p.args[1:], ""], strict=True))
+        assert pairs["--quantization"] == "modelopt_fp4"
+        assert pairs["--kv-cache-dtype"] == "fp8_e4m3"
+        assert pairs["--attention-backend"] == "flashinfer"
+        assert "--enable-metrics" in p.args
+        assert p.tp == 8 and p.model.quant_algo == "NVFP4"
+    rtx = load_profile(PROFILES_DIR, "glm5-nvfp4-rtxpro6000-tp8")
+    assert "--disable-custom-all-reduce" in rtx.args and rtx.capability_majors == (12,)
+    assert load_profile(PROFILES_DIR, "glm5-nvfp4-b200-tp8").capability_majors == (10,)
+
+
+def test_tiny_profiles_point_at_the_shipped_model():
+    for name in ("tiny-mla", "tiny-mla-78l"):
+        assert load_profile(PROFILES_DIR, name).model.default_path == TINY_MODEL
+
+
+def test_the_deep_tiny_profile_differs_only_by_the_layer_override():
+    base = load_profile(PROFILES_DIR, "tiny-mla")
+    deep = load_profile(PROFILES_DIR, "tiny-mla-78l")
+    assert list(deep.args[: len(base.args)]) == list(base.args)
+    assert list(deep.args[len(base.args) :]) == [
+        "--json-model-override-args",
+        '{"num_hidden_layers": 78}',
+    ]
+    assert deep.env == base.env and deep.model == base.model
+
+
+GOOD = json.loads((PROFILES_DIR / "tiny-mla.json").read_text())
+
+
+def _mutate(path: str, value) -> dict:
+    raw = copy.deepcopy(GOOD)
+    node = raw
+    keys = path.split(".")
+    for key in keys[:-1]:
+        node = node[key]
+    if value is KeyError:
+        del node[keys[-1]]
+    else:
+        node[keys[-1]] = value
+    return raw
+
+
+@pytest.mark.parametrize(
+    "raw, fragment",
+    [
+        ([1, 2], "top level must be a JSON object"),
+        (_mutate("tp", "1"), "'tp' must be a positive integer"),
+        (_mutate("tp", 0), "'tp' must be a positive integer"),
+        (_mutate("args", "--load-format dummy"), "'args' must be a list of strings"),
+        (_mutate("args", ["--port", "1"]), "which the launcher owns"),
+        (_mutate("args", [*GOOD["args"], "--new-flag"]), "no entry in 'notes' for ['--new-flag']"),
+        (_mutate("env", {"X": 1}), "'env' must be an object of string to string"),
+        (_mutate("schema", 2), "'schema' must be 1"),
+        (_mutate("name", "other"), "but the file is named"),
+        (_mutate("flags", []), "unknown keys ['flags']"),
+        (_mutate("model", KeyError), "missing keys ['model']"),
+        (_mutate("model.architectures", []), "'model.architectures' must be a non-empty list"),
+        (_mutate("model.quant_algo", 4), "'model.quant_algo' must be a string or null"),
+        (_mutate("compute_capability_majors", [12.0]), "'compute_capability_majors'"),
+    ],
+)
+def test_malformed_profile_is_one_clear_line(tmp_path: Path, raw, fragment):
+    path = tmp_path / "tiny-mla.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(LaunchError) as info:
+        parse_profile_file(path)
+    message = str(info.value)
+    assert "\n" not in message
+    assert fragment in message and str(path) in message
+
+
+def test_invalid_json_names_the_position(tmp_path: Path):
+    path = tmp_path / "x.json"
+    path.write_text('{\n  "schema": 1,\n  "name": "x"\n  "tp": 1\n}')
+    with pytest.raises(LaunchError, match=r"not valid JSON: line 4 column 3"):
+        parse_profile_file(path)
+
+
+def test_profiles_dir_env_and_explicit_beat_the_checkout(tmp_path: Path):
+    assert find_profiles_dir({}, None) == PROFILES_DIR
+    assert find_profiles_dir({"GLMSERVE_PROFILES_DIR": str(tmp_path)}, None) == tmp_path
+    with pytest.raises(LaunchError, match="no profiles directory"):
+        find_profiles_dir({}, str(tmp_path / "missing"))
