@@ -1,0 +1,119 @@
+# GLM-5-NVFP4 on Blackwell: patched SGLang server image and the tools image (emulator, exporter,
+# Locust). One file, three stages:
+#
+#   tools-build  throw-away: pinned Python deps (optional build-time CA), glmserve wheel
+#   tools        glmserve[emulator,exporter,loadtest] in a venv       (docker build --target tools)
+#   server       SGLang base + the patch series + glmserve core       (the default target)
+#
+# Both bases are build ARGs so CI can substitute local images (no registry there, see
+# docs/deploy.md). The defaults are real images pinned by digest; the tag is kept for humans.
+# Classic-builder compatible on purpose (no RUN --mount, no syntax line): Compose falls back to
+# the classic builder where buildx is missing, and a syntax line would need a registry pull.
+
+# CPython 3.11 on Debian bookworm, multi-arch index digest.
+ARG TOOLS_BASE_IMAGE=python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
+# Official SGLang 0.5.12.post1 image, CUDA 13.0, torch 2.11 (cu130), CPython 3.12. The full
+# (devel) variant, not -runtime: FlashInfer JIT-compiles the MLA kernels with nvcc at first start.
+ARG BASE_IMAGE=lmsysorg/sglang:v0.5.12.post1-cu130@sha256:ceaf8b16e02d165143633ac228bbb994a05fe77d7e0526cf035ae4bbf4eacc36
+
+# --------------------------------------------------------------------------------------------
+FROM ${TOOLS_BASE_IMAGE} AS tools-build
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+WORKDIR /src
+# Optional extra CAs: docker/build-ca/ always exists (README only); .ca/ is git-ignored and may
+# be absent, which the wildcard tolerates. Only this stage sees them; no later stage copies them.
+COPY docker/build-ca/ .ca* /tmp/build-ca/
+COPY docker/pip-ca.sh /usr/local/bin/pip-ca.sh
+COPY constraints.txt pyproject.toml README.md ./
+# Dependencies first, against a stub package, so editing src/ does not reinstall them.
+RUN mkdir -p src/glmserve && touch src/glmserve/__init__.py \
+    && python3 -m venv /opt/glmserve \
+    && pip-ca.sh /opt/glmserve/bin/python install --no-cache-dir -c constraints.txt \
+        ".[emulator,exporter,loadtest]" \
+    && /opt/glmserve/bin/python -m pip uninstall -y glmserve
+COPY src/ src/
+# The wheel also feeds the server stage, which then needs no network and no CA.
+RUN pip-ca.sh /opt/glmserve/bin/python wheel --no-cache-dir --no-deps -c constraints.txt \
+        -w /opt/wheels . \
+    && /opt/glmserve/bin/python -m pip install --no-cache-dir --no-deps --no-index \
+        /opt/wheels/glmserve-*.whl \
+    && /opt/glmserve/bin/python -m pip check
+
+# --------------------------------------------------------------------------------------------
+FROM ${TOOLS_BASE_IMAGE} AS tools
+COPY --from=tools-build /opt/glmserve /opt/glmserve
+ENV PATH=/opt/glmserve/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+# An unprivileged user; /run/glmserve holds the build-info file the emulator writes (a named
+# volume in compose inherits this ownership when it is first created).
+RUN useradd --uid 10001 --user-group --create-home glmserve \
+    && mkdir -p /run/glmserve \
+    && chown glmserve:glmserve /run/glmserve \
+    && python -c "import glmserve, starlette, uvicorn, httpx, prometheus_client, locust"
+USER 10001:10001
+WORKDIR /opt/glmserve-app
+# No ENTRYPOINT: compose picks the emulator, exporter or locust command per service.
+CMD ["python", "-m", "glmserve.emulator", "--host", "127.0.0.1", "--port", "30000"]
+
+# --------------------------------------------------------------------------------------------
+FROM ${BASE_IMAGE} AS server
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# What the image claims to be. The build below fails if the installed SGLang or the applied
+# series disagree with these, so the labels cannot drift from the content.
+# tests/stack/test_images.py checks the defaults against patches/series.lock.json.
+ARG GLMSERVE_VERSION=0.1.0
+ARG SGLANG_VERSION=0.5.12.post1
+ARG PATCH_SERIES=0.5.12.post1
+ARG PATCH_LOCK_SHA256=27450a733627500018c4728c43cd9b6f109db941b2a6157ddf93bc8dd7884bd2
+# JIT targets: SM100 (B200) and SM120 (RTX PRO 6000 Blackwell). FlashInfer's list is
+# space-separated and it adds the arch suffix itself (10.0 -> 10.0a, 12.0 -> 12.0f).
+ARG TORCH_CUDA_ARCH_LIST="10.0;12.0"
+ARG FLASHINFER_CUDA_ARCH_LIST="10.0 12.0"
+# The preflight also imports the new gather module (torch + Triton, present in the real base).
+# CI's torch-less stand-in base passes --no-import; the static checks still run there.
+ARG PREFLIGHT_ARGS=""
+LABEL org.opencontainers.image.title="glmserve-server" \
+      org.opencontainers.image.description="SGLang ${SGLANG_VERSION} with the FP8 KV gather-then-cast patch series, for GLM-5-NVFP4 on Blackwell" \
+      org.opencontainers.image.version="${GLMSERVE_VERSION}" \
+      io.glmserve.sglang.version="${SGLANG_VERSION}" \
+      io.glmserve.patch.series="${PATCH_SERIES}" \
+      io.glmserve.patch.lock-sha256="${PATCH_LOCK_SHA256}"
+ENV TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST} \
+    FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST} \
+    FLASHINFER_WORKSPACE_BASE=/cache/jit \
+    TRITON_CACHE_DIR=/cache/jit/triton \
+    TORCHINDUCTOR_CACHE_DIR=/cache/jit/inductor \
+    HF_HOME=/cache/huggingface \
+    PYTHONUNBUFFERED=1
+WORKDIR /opt/glmserve-build
+COPY patches/ patches/
+COPY src/ src/
+# 1. The pinned SGLang must be what the base ships (no install here: the base pins torch,
+#    FlashInfer and sglang-kernel together). 2. Apply the series; apply.py exits non-zero and
+#    leaves the tree untouched if any hunk does not apply, which fails the build.
+#    3. Byte-compile every file the series touched, from the marker apply.py wrote.
+# find_spec locates the package without importing it (its __init__ needs torch and friends) and
+# works for both a site-packages install and the editable /sgl-workspace checkout.
+RUN site="$(python3 -c 'import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec("sglang").origin).parent.parent)')" \
+    && echo "SGLang package root: ${site}" \
+    && python3 -c 'import importlib.metadata as m, sys; v = m.version("sglang"); sys.exit(0 if v == sys.argv[1] else f"base image has sglang {v}, this Dockerfile pins {sys.argv[1]}")' "${SGLANG_VERSION}" \
+    && python3 patches/apply.py --target "${site}" \
+    && python3 -c 'import json, pathlib, py_compile, sys; site = pathlib.Path(sys.argv[1]); marker = json.loads((site / "sglang" / ".glmserve-patch.json").read_text()); [py_compile.compile(str(site / f), doraise=True) for f in marker["files"] if f.endswith(".py")]; print("compiled", len(marker["files"]), "patched files")' "${site}" \
+    && python3 -c 'import json, pathlib, sys; site, series, lock = sys.argv[1:]; m = json.loads((pathlib.Path(site) / "sglang" / ".glmserve-patch.json").read_text()); bad = [f"{k}: label {want!r}, marker {m.get(k)!r}" for k, want in (("series", series), ("lock_sha256", lock)) if m.get(k) != want]; sys.exit("; ".join(bad) if bad else 0)' "${site}" "${PATCH_SERIES}" "${PATCH_LOCK_SHA256}" \
+    && echo "${site}" >/opt/glmserve-build/sglang-site
+# glmserve core is stdlib-only, so --no-deps adds nothing to the environment SGLang pinned.
+COPY --from=tools-build /opt/wheels/ /tmp/glmserve-wheels/
+RUN PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 -m pip install --no-cache-dir --no-deps --no-index \
+        /tmp/glmserve-wheels/glmserve-*.whl \
+    && rm -rf /tmp/glmserve-wheels \
+    && python3 -m glmserve.patching.verify --target "$(cat /opt/glmserve-build/sglang-site)" ${PREFLIGHT_ARGS} \
+    && mkdir -p /cache/jit /cache/huggingface /run/glmserve
+COPY entrypoint/ /opt/glmserve/entrypoint/
+VOLUME ["/cache/jit"]
+WORKDIR /opt/glmserve
+EXPOSE 30000
+# SIGTERM reaches SGLang directly: the launcher exec()s sglang.launch_server, whose server
+# handles it. Compose adds `init: true` as well, so orphaned TP workers are reaped.
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["python3", "-m", "glmserve.launch"]
