@@ -1,0 +1,107 @@
+"""`python -m glmserve.launch` as a real process against a real SGLang tree.
+
+The tree holds the files the patch series touches, extracted from the pinned wheel, and is patched
+with the real patch tool; the launcher finds it on PYTHONPATH exactly as it finds site-packages in
+the image. This is the path the image check takes (dry run per profile), minus Docker.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from launch_helpers import GLM_FIXTURE, PINNED, PROFILES_DIR, REPO
+
+from glmserve.patching import apply
+from glmserve.patching.errors import PatchError
+from glmserve.patching.series import load_lock
+from glmserve.patching.wheels import default_cache_dir, extract_site, fetch_wheel
+
+PATCHES = REPO / "patches"
+JSON_ARG = '{"num_hidden_layers": 78, "text": "two  spaces, a \\"quote\\" and $HOME"}'
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory, require) -> Path:
+    try:
+        wheel = fetch_wheel(PINNED, default_cache_dir())
+    except PatchError as exc:
+        require(False, f"cannot get the sglang {PINNED} wheel: {exc}")
+    lock, _ = load_lock(PATCHES)
+    members = [p for p, h in lock["series"][PINNED]["files"].items() if h["before"] is not None]
+    return extract_site(wheel, tmp_path_factory.mktemp("sglang-pristine"), members)
+
+
+@pytest.fixture(scope="module")
+def patched(pristine, tmp_path_factory) -> Path:
+    site = tmp_path_factory.mktemp("sglang-patched")
+    shutil.copytree(pristine, site, dirs_exist_ok=True)
+    apply(site, PATCHES)
+    return site
+
+
+def launch(site: Path, tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp_path / "home"),
+        "PYTHONPATH": str(site),
+        "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "fi"),
+        "GLMSERVE_PROFILES_DIR": str(PROFILES_DIR),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "glmserve.launch", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_dry_run_on_a_patched_tree_keeps_a_json_arg_intact(patched, tmp_path):
+    proc = launch(
+        patched,
+        tmp_path,
+        "--dry-run",
+        "--profile",
+        "glm5-nvfp4-rtxpro6000-tp8",
+        "--model-path",
+        str(GLM_FIXTURE),
+        "--",
+        "--json-model-override-args",
+        JSON_ARG,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["argv"][-2:] == ["--json-model-override-args", JSON_ARG]
+    assert report["sglang"] == {
+        "version": PINNED,
+        "site": str(patched),
+        "patch_series": PINNED,
+        "fp8_gather": "on",
+    }
+
+
+def test_unpatched_tree_is_refused_in_one_line(pristine, tmp_path):
+    proc = launch(pristine, tmp_path, "--dry-run", "--profile", "tiny-mla")
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    [line] = proc.stderr.splitlines()
+    assert line.startswith("glmserve.launch: error: ") and "is not patched" in line
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("sglang") is not None, reason="this venv has its own SGLang installed"
+)
+def test_no_sglang_at_all_is_refused_in_one_line(tmp_path):
+    empty = tmp_path / "empty-site"
+    empty.mkdir()
+    proc = launch(empty, tmp_path, "--dry-run", "--profile", "tiny-mla")
+    assert proc.returncode == 2
+    [line] = proc.stderr.splitlines()
+    assert "SGLang is not installed" in line
