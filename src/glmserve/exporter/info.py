@@ -1,0 +1,200 @@
+"""Target health and the build/info metric, probed at scrape time.
+
+SGLang's /metrics says how fast the server is, not *what* it is: which KV dtype, backend and
+pool size, and whether our patch series is in. The info metric joins GET /server_info with the
+build-info file the launcher writes, so a dashboard can show "FP8 KV, patched, pool 495k" and an
+alert can catch an FP8 pool running the upstream full-pool cast.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from glmserve import buildinfo
+
+log = logging.getLogger(__name__)
+
+PROBE_FAILURE_REASONS = ("connect", "timeout", "http_status", "malformed")
+# /server_info is current; /get_server_info is the deprecated alias that logs a warning on every
+# call in 0.5.12, so it is only the fallback for servers that lack the new path.
+INFO_PATHS = ("/server_info", "/get_server_info")
+
+INFO_LABELS = (
+    "summary",
+    "sglang_version",
+    "model",
+    "kv_cache_dtype",
+    "attention_backend",
+    "tp_size",
+    "max_total_num_tokens",
+    "patch_series",
+    "patch_lock_sha256",
+    "fp8_gather",
+    "build_source",
+)
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def server_fields(info: dict[str, Any]) -> dict[str, str]:
+    """The labels we take from /server_info (server_args are flattened into the top level)."""
+    backend = info.get("attention_backend") or info.get("decode_attention_backend")
+    return {
+        "sglang_version": _text(info.get("version")),
+        "model": _text(info.get("served_model_name") or info.get("model_path")),
+        "kv_cache_dtype": _text(info.get("kv_cache_dtype")),
+        "attention_backend": _text(backend),
+        "tp_size": _text(info.get("tp_size")),
+        "max_total_num_tokens": _text(info.get("max_total_num_tokens")),
+    }
+
+
+def summarize(labels: dict[str, str], build_present: bool) -> str:
+    """One human line, e.g. "FP8 KV, patched, pool 495k"."""
+    dtype = labels.get("kv_cache_dtype", "")
+    if dtype.startswith("fp8"):
+        kv = "FP8 KV"
+    elif dtype in ("bfloat16", "bf16"):
+        kv = "BF16 KV"
+    else:
+        kv = f"KV {dtype or 'unknown'}"
+    if not build_present:
+        patch = "patch unknown"
+    elif not labels.get("patch_series"):
+        patch = "unpatched"
+    elif labels.get("fp8_gather") == "on":
+        patch = "patched"
+    else:
+        patch = "patched, gather off"
+    parts = [kv, patch]
+    pool = labels.get("max_total_num_tokens", "")
+    if pool.isdigit():
+        n = int(pool)
+        parts.append(f"pool {n // 1000}k" if n >= 10_000 else f"pool {n}")
+    return ", ".join(parts)
+
+
+class TargetInfoCollector(Collector):
+    """`glmserve_target_up` and `glmserve_server_info`, fetched on each scrape.
+
+    The last good server info is kept while the target is down, so the build panel still says
+    what was running; `glmserve_target_up` says whether it is running now.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        client: httpx.Client,
+        registry: CollectorRegistry,
+        build_info_file: str | Path | None,
+    ) -> None:
+        self.target = target.rstrip("/")
+        self.client = client
+        self.build_info_file = build_info_file
+        self._lock = threading.Lock()
+        self._last_server: dict[str, str] | None = None
+        # Counted here rather than in a registered Counter so that the scrape which sees the
+        # target fail also shows that failure (a Counter would be collected before the probe).
+        self.failures = dict.fromkeys(PROBE_FAILURE_REASONS, 0)
+        registry.register(self)
+
+    def describe(self) -> list[Metric]:
+        # Registering must not probe the target, so the names are not declared up front.
+        return []
+
+    def probe(self) -> dict[str, Any] | None:
+        """GET the server info; None (and a counted reason) when the target is not healthy."""
+        reason, detail = "", ""
+        for path in INFO_PATHS:
+            try:
+                resp = self.client.get(self.target + path)
+            except httpx.TimeoutException as exc:
+                reason, detail = "timeout", repr(exc)
+                break
+            except httpx.TransportError as exc:
+                reason, detail = "connect", repr(exc)
+                break
+            if resp.status_code == 404 and path != INFO_PATHS[-1]:
+                continue
+            if resp.status_code >= 300:
+                reason, detail = "http_status", f"HTTP {resp.status_code} on {path}"
+                break
+            try:
+                body = resp.json()
+            except ValueError:
+                body = None
+            if not isinstance(body, dict):
+                reason, detail = "malformed", f"{path} did not return a JSON object"
+                break
+            return body
+        with self._lock:
+            self.failures[reason] += 1
+        log.debug("target probe failed (%s): %s", reason, detail)
+        return None
+
+    def read_build(self) -> dict[str, str] | None:
+        if not self.build_info_file:
+            return None
+        try:
+            return buildinfo.read_build_info(self.build_info_file)
+        except (OSError, ValueError) as exc:
+            log.warning("build info %s unreadable: %s", self.build_info_file, exc)
+            return None
+
+    def collect(self) -> Iterator[Metric]:
+        body = self.probe()
+        with self._lock:
+            if body is not None:
+                self._last_server = server_fields(body)
+            server = self._last_server
+            failures = dict(self.failures)
+        up = GaugeMetricFamily(
+            "glmserve_target_up",
+            "1 if the target answered GET /server_info with a JSON object on this scrape.",
+            value=1.0 if body is not None else 0.0,
+        )
+        yield up
+        counter = CounterMetricFamily(
+            "glmserve_target_probe_failures",
+            "Failed GET /server_info probes of the target, by reason.",
+            labels=["reason"],
+        )
+        for reason, count in failures.items():
+            counter.add_metric([reason], count)
+        yield counter
+        build = self.read_build()
+        if server is None and build is None:
+            return  # nothing known yet: no info series rather than a row of empty labels
+        labels = dict.fromkeys(INFO_LABELS, "")
+        if server:
+            labels.update(server)
+        if build:
+            labels["patch_series"] = build.get("patch_series", "")
+            labels["patch_lock_sha256"] = build.get("patch_lock_sha256", "")
+            labels["fp8_gather"] = build.get("fp8_gather", "")
+            labels["build_source"] = build.get("source", "")
+            if not labels["sglang_version"]:
+                labels["sglang_version"] = build.get("sglang_version", "")
+        labels["summary"] = summarize(labels, build is not None)
+        info = InfoMetricFamily(
+            "glmserve_server",
+            "What the target is: SGLang version, KV dtype, backend, TP, pool size, patch series.",
+        )
+        info.add_metric([], labels)
+        yield info

@@ -1,0 +1,140 @@
+"""The exporter over real sockets: a fake SGLang that dies, comes back and misbehaves.
+
+/metrics must keep answering throughout, report `glmserve_target_up 0` while the target is
+gone, count each fault under its reason and recover with no restart of the exporter.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.helpers import FakeSGLang, free_port
+from glmserve.exporter.cli import Exporter, start
+from glmserve.exporter.config import ExporterConfig
+
+
+def scrape(port: int) -> dict[tuple[str, tuple], float]:
+    resp = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    resp.raise_for_status()
+    out = {}
+    for family in text_string_to_metric_families(resp.text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), float("nan"))
+
+
+def wait_for(port: int, cond: Callable[[dict], bool], timeout_s: float = 10.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    samples: dict = {}
+    while time.monotonic() < deadline:
+        samples = scrape(port)
+        if cond(samples):
+            return samples
+        time.sleep(0.05)
+    raise AssertionError(f"condition not met within {timeout_s} s; last scrape: {samples}")
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeSGLang]:
+    server = FakeSGLang().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def exporter(fake: FakeSGLang, tmp_path) -> Iterator[Exporter]:
+    config = ExporterConfig(
+        target=fake.url,
+        listen_address="127.0.0.1:0",
+        canary_interval_s=0.1,
+        canary_max_tokens=fake.n_tokens,
+        canary_timeout_s=1.0,
+        probe_timeout_s=1.0,
+        build_info_file=str(tmp_path / "absent.json"),
+    )
+    running = start(config)
+    yield running
+    running.stop()
+
+
+def tpot_count(s: dict) -> float:
+    return value(s, "glmserve_canary_tpot_seconds_count")
+
+
+def failures(s: dict, reason: str) -> float:
+    return value(s, "glmserve_canary_failures_total", reason=reason)
+
+
+def test_kill_and_restart_target(fake: FakeSGLang, exporter: Exporter):
+    port = exporter.port
+    s = wait_for(port, lambda s: tpot_count(s) >= 2 and value(s, "glmserve_target_up") == 1)
+    assert 0 < value(s, "glmserve_canary_tpot_seconds_sum") / tpot_count(s) < 0.5
+    fake.stop()
+    s = wait_for(port, lambda s: failures(s, "connect") >= 2)
+    assert value(s, "glmserve_target_up") == 0
+    assert value(s, "glmserve_target_probe_failures_total", reason="connect") >= 1
+    before = tpot_count(s)
+    fake.start()  # same port: the exporter must find it again by itself
+    s = wait_for(port, lambda s: tpot_count(s) > before and value(s, "glmserve_target_up") == 1)
+
+
+@pytest.mark.parametrize(
+    ("mode", "reason"),
+    [("http500", "http_status"), ("broken", "broken_stream"), ("malformed", "malformed_sse"),
+     ("slow", "timeout")],
+)  # fmt: skip
+def test_faults_over_real_sockets_are_counted_by_reason(fake, exporter, mode, reason):
+    fake.mode = mode
+    s = wait_for(exporter.port, lambda s: failures(s, reason) >= 1)
+    assert value(s, "glmserve_target_up") == 1  # /server_info still answers
+    fake.mode = "ok"
+    before = tpot_count(s)
+    wait_for(exporter.port, lambda s: tpot_count(s) > before)
+
+
+def test_module_entry_point_serves_and_stops_on_sigterm(fake: FakeSGLang, tmp_path):
+    port = free_port()
+    env = {**os.environ, "GLMSERVE_EXPORTER_CANARY_INTERVAL": "200ms"}
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "glmserve.exporter",
+            "--target", fake.url,
+            "--web.listen-address", f"127.0.0.1:{port}",
+            "--canary.max-tokens", "4",
+            "--build-info.file", str(tmp_path / "none.json"),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                s = scrape(port)
+                if tpot_count(s) >= 1:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            assert time.monotonic() < deadline, "exporter did not serve a canary result in 30 s"
+            time.sleep(0.1)
+        assert value(s, "glmserve_target_up") == 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=15)
+    assert rc == 0
