@@ -1,0 +1,346 @@
+"""GPU proof of the gather-then-cast patch (run on the H200 by bench/device_run.sh; CI skips).
+
+(a) the shipped kernel vs ``.to()`` bit for bit, eager and inside one CUDA graph captured once
+    and replayed with other slots and counts;
+(b) FlashInfer's fa2 MLA attention (the SM120 kernel family) fed by the patched path vs the
+    upstream full cast: ``torch.equal``, plus relative error against an fp64 reference;
+(c) the patched SGLang ``FlashInferMLAAttnBackend`` itself, eager and CUDA-graph decode and the
+    paged extend path, against the same class with ``GLMSERVE_FP8_GATHER=0``.
+
+Needs the patched SGLang tree (with FlashInfer) on sys.path, e.g. the overlay from
+bench/bundle.sh after ``patches/apply.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+
+from glmserve.patching import selftest  # noqa: E402
+
+D, CKV, KPE, HEADS = 576, 512, 64, 16
+SM_SCALE = 1.0 / math.sqrt(192 + 64)
+DEV = torch.device("cuda")
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    path = selftest.installed_kernel_path()
+    if path is None:
+        pytest.skip("no patched SGLang (sglang/srt/layers/attention/fp8_kv_gather.py) on sys.path")
+    return selftest.load_kernel_module(path)
+
+
+@pytest.fixture(scope="module")
+def flashinfer():
+    return pytest.importorskip("flashinfer.mla")
+
+
+def fp8_pool(rows: int, seed: int, nan_slots: int = 0) -> torch.Tensor:
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    raw = torch.randint(0, 256, (rows, 1, D), dtype=torch.uint8, device=DEV, generator=gen)
+    raw[(raw & 0x7F) == 0x7F] ^= 1
+    if nan_slots:
+        raw[torch.randint(0, rows, (nan_slots,), device=DEV, generator=gen), 0, 5] = 0x7F
+    return raw.view(torch.float8_e4m3fn)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality that also accepts NaN == NaN (whatever the payload)."""
+    nan_a, nan_b = torch.isnan(a), torch.isnan(b)
+    if not torch.equal(nan_a, nan_b):
+        return False
+    return torch.equal(
+        torch.where(nan_a, 0, a).view(torch.int16), torch.where(nan_b, 0, b).view(torch.int16)
+    )
+
+
+def check_rows(out, pool, slots, count, poison) -> None:
+    p = pool.shape[0]
+    want = torch.arange(p, device=DEV) if count >= p else torch.unique(slots[:count].long())
+    assert same_bits(out[want], pool[want].to(out.dtype))
+    untouched = torch.ones(p, dtype=torch.bool, device=DEV)
+    untouched[want] = False
+    assert bool((out[untouched] == poison).all()), "rows outside the referenced set were written"
+
+
+# ---------------------------------------------------------------------------------------- (a)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_kernel_bitwise_random_sizes(kernel, seed):
+    gen = torch.Generator().manual_seed(seed)
+    p = int(torch.randint(1, 200_000, (1,), generator=gen))
+    n = int(torch.randint(0, 2 * p, (1,), generator=gen))
+    pool = fp8_pool(p, seed, nan_slots=3)
+    # Many duplicates: draw slots from a small subset, and always include the last row.
+    hot = torch.randint(0, p, (max(1, n // 4),), generator=gen)
+    slots = hot[torch.randint(0, len(hot), (max(n, 1),), generator=gen)].to(torch.int32)
+    slots[0] = p - 1
+    slots = slots.to(DEV)
+    for dtype in (torch.bfloat16, torch.float16):
+        out = torch.full(pool.shape, -777.0, dtype=dtype, device=DEV)
+        kernel.gather_cast(pool, slots, torch.tensor([n], dtype=torch.int32, device=DEV), out)
+        check_rows(out, pool, slots, n, -777.0)
+
+
+def test_a_kernel_count_zero_and_full_pool(kernel):
+    p = 495_552
+    pool = fp8_pool(p, 99)
+    slots = torch.randint(0, p, (1024,), dtype=torch.int32, device=DEV)
+    for count in (0, p, p + 7):
+        out = torch.full(pool.shape, -777.0, dtype=torch.bfloat16, device=DEV)
+        kernel.gather_cast(pool, slots, torch.tensor([count], dtype=torch.int32, device=DEV), out)
+        check_rows(out, pool, slots, count, -777.0)
+
+
+def test_a_one_graph_replayed_with_other_counts(kernel):
+    """Captured once; indices and count change in place between replays (as in SGLang)."""
+    p = 300_001
+    pool = fp8_pool(p, 7)
+    idx_buf = torch.zeros(2 * p, dtype=torch.int32, device=DEV)
+    rows = torch.zeros(1, dtype=torch.int32, device=DEV)
+    out = torch.empty(pool.shape, dtype=torch.bfloat16, device=DEV)
+    kernel.gather_cast(pool, idx_buf, rows, out)  # compile outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kernel.gather_cast(pool, idx_buf, rows, out)
+    gen = torch.Generator(device=DEV).manual_seed(3)
+    for count in (1, 0, 513, 65_536, p - 1, p, 2 * p):
+        slots = torch.randint(0, p, (2 * p,), dtype=torch.int32, device=DEV, generator=gen)
+        slots[count // 2] = p - 1
+        idx_buf.copy_(slots)
+        rows.fill_(count)
+        out.fill_(-777.0)
+        graph.replay()
+        torch.cuda.synchronize()
+        check_rows(out, pool, slots, count, -777.0)
+
+
+# ---------------------------------------------------------------------------------------- (b)
+
+
+def mla_fp64(q_nope, q_pe, kv, kv_indptr, kv_indices):
+    """Decode MLA attention in float64 (one query token per request)."""
+    outs = []
+    for b in range(len(kv_indptr) - 1):
+        rows = kv[kv_indices[int(kv_indptr[b]) : int(kv_indptr[b + 1])].long(), 0].double()
+        logits = q_nope[b].double() @ rows[:, :CKV].T + q_pe[b].double() @ rows[:, CKV:].T
+        outs.append((logits * SM_SCALE).softmax(-1) @ rows[:, :CKV])
+    return torch.stack(outs)
+
+
+@pytest.mark.parametrize(("bs", "ctx", "shared"), [(1, 512, 0), (8, 4096, 1024), (64, 2048, 0)])
+def test_b_fa2_attention_patched_equals_upstream(kernel, flashinfer, bs, ctx, shared):
+    p = 495_552
+    gen = torch.Generator(device=DEV).manual_seed(bs * 7 + ctx)
+    # Values as the model writes them: real-valued latents quantized with .to(fp8), no scale.
+    exact = torch.randn(p, 1, D, device=DEV, generator=gen)
+    pool = exact.to(torch.float8_e4m3fn)
+    prefix = torch.randperm(p, device=DEV, generator=gen)[:shared]
+    lists = [
+        torch.cat([prefix, torch.randperm(p, device=DEV, generator=gen)[: ctx - shared]])
+        for _ in range(bs)
+    ]
+    kv_indices = torch.cat(lists).to(torch.int32)
+    kv_indices[0] = p - 1
+    kv_indptr = torch.arange(bs + 1, device=DEV, dtype=torch.int32) * ctx
+    qo_indptr = torch.arange(bs + 1, device=DEV, dtype=torch.int32)
+    q_nope = torch.randn(bs, HEADS, CKV, device=DEV, generator=gen).bfloat16()
+    q_pe = torch.randn(bs, HEADS, KPE, device=DEV, generator=gen).bfloat16()
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device=DEV)
+    wrapper = flashinfer.BatchMLAPagedAttentionWrapper(ws, backend="fa2")
+    wrapper.plan(
+        qo_indptr, kv_indptr, kv_indices, kv_indptr[1:] - kv_indptr[:-1], HEADS, CKV, KPE, 1,
+        False, SM_SCALE, torch.bfloat16, torch.bfloat16,
+    )  # fmt: skip
+
+    def run(kv):
+        out = torch.full_like(q_nope, float("nan"))
+        wrapper.run(q_nope, q_pe, kv[:, :, :CKV], kv[:, :, CKV:], out=out)
+        return out
+
+    upstream = run(pool.to(torch.bfloat16))
+    shadow = torch.full(pool.shape, float("nan"), dtype=torch.bfloat16, device=DEV)
+    kernel.gather_cast(pool, kv_indices, kv_indptr[-1:].clone(), shadow)
+    patched = run(shadow)
+    assert bool(torch.isfinite(upstream).all())
+    assert torch.equal(patched, upstream)
+
+    ref_fp8 = mla_fp64(q_nope, q_pe, pool.double(), kv_indptr, kv_indices)
+    ref_exact = mla_fp64(q_nope, q_pe, exact.double(), kv_indptr, kv_indices)
+    err_fp8 = ((patched.double() - ref_fp8).norm() / ref_fp8.norm()).item()
+    err_exact = ((patched.double() - ref_exact).norm() / ref_exact.norm()).item()
+    print(f"\n[b] {bs}x{ctx} shared={shared}: torch.equal(patched, upstream)=True, "
+          f"rel err vs fp64 of the FP8 values {err_fp8:.2e}, vs fp64 of the unquantized values "
+          f"{err_exact:.2e}")  # fmt: skip
+    assert err_fp8 < 1e-2
+    assert err_exact < 5e-2
+
+
+def test_b_selftest_passes_and_catches_off_by_one(tmp_path, kernel):
+    report = selftest.run_selftest(timeout_s=30)
+    print(f"\n[selftest] {report.status}: {report.detail}")
+    assert report.status == "passed", report.detail
+    source = selftest.installed_kernel_path().read_text()
+    old = "tl.load(idx_ptr + pos,"
+    assert source.count(old) == 1
+    broken = tmp_path / "fp8_kv_gather_off_by_one.py"
+    broken.write_text(source.replace(old, "tl.load(idx_ptr + pos + 1,"))
+    caught = selftest.run_selftest(timeout_s=30, module_path=str(broken))
+    print(f"[selftest, off-by-one kernel] {caught.status}: {caught.detail[:300]}")
+    assert caught.status == "failed"
+
+
+# ---------------------------------------------------------------------------------------- (c)
+
+
+@pytest.fixture(scope="module")
+def backend_module(flashinfer):
+    fmb = pytest.importorskip("sglang.srt.layers.attention.flashinfer_mla_backend")
+    if not hasattr(fmb.FlashInferMLAAttnBackend, "_mla_kv_for_wrapper"):
+        pytest.fail("the imported SGLang backend is not patched")
+    return fmb
+
+
+def make_backend(fmb, monkeypatch, enabled: bool, req_to_token, max_ctx):
+    monkeypatch.setenv("GLMSERVE_FP8_GATHER", "1" if enabled else "0")
+    monkeypatch.setattr(fmb, "get_attention_tp_size", lambda: 1)
+    args = SimpleNamespace(
+        disaggregation_mode="null", disable_chunked_prefix_cache=True,
+        flashinfer_mla_disable_ragged=True, page_size=1,
+    )  # fmt: skip
+    monkeypatch.setattr(fmb, "get_global_server_args", lambda: args)
+    base = fmb.BatchMLAPagedAttentionWrapper
+
+    class Fa2Wrapper(base):  # the SM120 family; "auto" would pick fa3 on the H200
+        def __init__(self, *a, **kw):
+            kw["backend"] = "fa2"
+            super().__init__(*a, **kw)
+
+    monkeypatch.setattr(fmb, "BatchMLAPagedAttentionWrapper", Fa2Wrapper)
+    runner = SimpleNamespace(
+        model_config=SimpleNamespace(
+            context_len=max_ctx, num_attention_heads=HEADS, kv_lora_rank=CKV,
+            qk_nope_head_dim=192, qk_rope_head_dim=KPE, v_head_dim=CKV, scaling=SM_SCALE,
+        ),
+        device=DEV, page_size=1, dtype=torch.bfloat16, server_args=args,
+        req_to_token_pool=SimpleNamespace(size=req_to_token.shape[0], req_to_token=req_to_token),
+    )  # fmt: skip
+    return fmb.FlashInferMLAAttnBackend(runner)
+
+
+def test_c_sglang_backend_decode_extend_and_graph(backend_module, monkeypatch):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    fmb = backend_module
+    p, max_reqs, max_ctx, n_layers, bs = 200_003, 16, 4096, 3, 4
+    pools = [fp8_pool(p, 40 + i) for i in range(n_layers)]
+    kv_pool = SimpleNamespace(get_key_buffer=lambda i: pools[i])
+    layers = [
+        SimpleNamespace(layer_id=i, tp_q_head_num=HEADS, head_dim=D, v_head_dim=CKV, logit_cap=0.0)
+        for i in range(n_layers)
+    ]
+    gen = torch.Generator(device=DEV).manual_seed(5)
+    req_to_token = torch.randint(
+        0, p, (max_reqs, max_ctx), dtype=torch.int32, device=DEV, generator=gen
+    )
+    req_to_token[1, :300] = req_to_token[0, :300]  # radix-shared prefix: duplicate slots
+    req_to_token[2, 7] = p - 1
+    patched = make_backend(fmb, monkeypatch, True, req_to_token, max_ctx)
+    upstream = make_backend(fmb, monkeypatch, False, req_to_token, max_ctx)
+    assert patched.fp8_gather is not None and upstream.fp8_gather is None
+
+    def decode_batch(seq_lens_list):
+        seq_lens = torch.tensor(seq_lens_list, dtype=torch.int32, device=DEV)
+        return SimpleNamespace(
+            forward_mode=ForwardMode.DECODE, req_pool_indices=torch.arange(bs, device=DEV),
+            seq_lens=seq_lens, seq_lens_cpu=seq_lens.cpu(), seq_lens_sum=int(sum(seq_lens_list)),
+            token_to_kv_pool=kv_pool, out_cache_loc=None, spec_info=None,
+        )  # fmt: skip
+
+    qs = [torch.randn(bs, HEADS * D, device=DEV, generator=gen).bfloat16() for _ in layers]
+
+    def decode(backend, fb):
+        backend.init_forward_metadata(fb)
+        return [
+            backend.forward_decode(q, None, None, lay, fb, save_kv_cache=False)
+            for q, lay in zip(qs, layers, strict=True)
+        ]
+
+    # Eager decode.
+    fb = decode_batch([512, 300, 4096, 1])
+    for a, b in zip(decode(patched, fb), decode(upstream, fb), strict=True):
+        assert torch.equal(a, b)
+
+    # Paged extend (prefix present -> MLA paged prefill wrapper, causal).
+    ext_q = [2, 5, 1, 3]
+    prefix = [100, 300, 2000, 0]
+    seq = [a + b for a, b in zip(ext_q, prefix, strict=True)]
+    qe = [torch.randn(sum(ext_q), HEADS * D, device=DEV, generator=gen).bfloat16() for _ in layers]
+    seq_t = torch.tensor(seq, dtype=torch.int32, device=DEV)
+    ext = SimpleNamespace(
+        forward_mode=ForwardMode.EXTEND, req_pool_indices=torch.arange(bs, device=DEV),
+        seq_lens=seq_t, seq_lens_sum=sum(seq), seq_lens_cpu=seq_t.cpu(),
+        extend_prefix_lens=torch.tensor(prefix, dtype=torch.int32, device=DEV),
+        extend_prefix_lens_cpu=prefix, attn_attend_prefix_cache=None,
+        token_to_kv_pool=kv_pool, out_cache_loc=None, spec_info=None,
+    )  # fmt: skip
+    outs = []
+    for backend in (patched, upstream):
+        backend.init_forward_metadata(ext)
+        outs.append(
+            [
+                backend.forward_extend(q, None, None, lay, ext, save_kv_cache=False)
+                for q, lay in zip(qe, layers, strict=True)
+            ]
+        )
+    for a, b in zip(*outs, strict=True):
+        assert torch.isfinite(b).all()
+        assert torch.equal(a, b)
+
+    # CUDA graph: capture each backend once, replay with other lengths (fast plan path).
+    graphs = {}
+    for name, backend in (("patched", patched), ("upstream", upstream)):
+        backend.init_cuda_graph_state(bs, bs)
+        cap = decode_batch([64, 64, 64, 64])
+        backend.init_forward_metadata_capture_cuda_graph(
+            bs, bs, cap.req_pool_indices, cap.seq_lens, None, ForwardMode.DECODE, None
+        )
+        [
+            backend.forward_decode(q, None, None, lay, cap, save_kv_cache=False)
+            for q, lay in zip(qs, layers, strict=True)
+        ]
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs_g = [
+                backend.forward_decode(q, None, None, lay, cap, save_kv_cache=False)
+                for q, lay in zip(qs, layers, strict=True)
+            ]
+        graphs[name] = (backend, graph, outs_g)
+    for lens in ([1, 4096, 300, 77], [4096] * 4, [1, 1, 1, 1]):
+        fb = decode_batch(lens)
+        results = {}
+        for name, (backend, graph, outs_g) in graphs.items():
+            backend.init_forward_metadata_replay_cuda_graph(
+                bs, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_sum, None,
+                ForwardMode.DECODE, None, fb.seq_lens_cpu,
+            )  # fmt: skip
+            for o in outs_g:
+                o.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            results[name] = [o.clone() for o in outs_g]
+        for a, b in zip(results["patched"], results["upstream"], strict=True):
+            assert torch.isfinite(b).all()
+            assert torch.equal(a, b), f"graph replay with lens {lens} differs"
+    print("\n[c] FlashInferMLAAttnBackend (fa2): eager decode, paged extend and CUDA-graph decode "
+          "replays bit-identical to GLMSERVE_FP8_GATHER=0")  # fmt: skip
