@@ -23,6 +23,7 @@ from glmserve.patching import (
 )
 from glmserve.patching.regen import read_sources
 from glmserve.patching.series import load_lock, sha256_bytes
+from glmserve.patching.verify import preflight
 
 REPO = Path(__file__).resolve().parents[2]
 PATCHES = REPO / "patches"
@@ -62,6 +63,7 @@ def test_series_cycle_on_every_supported_version(version, make_site, snapshot):
     assert done.action == "applied"
     for path, hashes in series.files.items():
         assert sha256_bytes((site / path).read_bytes()) == hashes.after
+    assert preflight(site, import_gather=False) == []
     marker = read_marker(site)
     _, lock_sha = load_lock(PATCHES)
     assert marker == {
