@@ -3,8 +3,10 @@ series touches plus the version metadata (a full SGLang tree is ~4,000 files we 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import tempfile
 import zipfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -35,13 +37,19 @@ def fetch_wheel(version: str, cache_dir: Path | None = None, *, download: bool =
             raise PatchError(f"no sglang {version} wheel in {cache_dir} (downloads disabled)")
         return found
     cache_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps"]
-    cmd += ["--disable-pip-version-check", "--dest", str(cache_dir), f"sglang=={version}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    # Download into a private directory and rename into place: a concurrent test run never
+    # sees a half-written wheel under the cached name.
+    with tempfile.TemporaryDirectory(dir=cache_dir, prefix=".download-") as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps"]
+        cmd += ["--disable-pip-version-check", "--dest", tmp, f"sglang=={version}"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        got = find_wheel(version, Path(tmp))
+        if proc.returncode != 0 or got is None:
+            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise PatchError(f"pip download sglang=={version} failed: {tail}")
+        os.replace(got, cache_dir / got.name)
     found = find_wheel(version, cache_dir)
-    if proc.returncode != 0 or found is None:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise PatchError(f"pip download sglang=={version} failed: {tail}")
+    assert found is not None
     return found
 
 
