@@ -38,7 +38,10 @@ def main(argv: list[str] | None = None, *, default_patches: Path | None = None) 
     args = parser.parse_args(argv)
     patches = args.patches or default_patches or default_patches_dir()
     if patches is None or not patches.is_dir():
-        print(f"{PROG}: error: patch series directory not found: {patches}", file=sys.stderr)
+        where = patches or "next to this checkout's src/"
+        print(
+            f"{PROG}: error: no patch series directory ({where}); pass --patches", file=sys.stderr
+        )
         return 2
     if not args.target.is_dir():
         print(f"{PROG}: error: --target {args.target} is not a directory", file=sys.stderr)

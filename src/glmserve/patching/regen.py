@@ -162,7 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     patches_dir = args.patches or default_patches_dir()
     prog = parser.prog
     if patches_dir is None or not patches_dir.is_dir():
-        print(f"{prog}: error: patch series directory not found: {patches_dir}", file=sys.stderr)
+        where = patches_dir or "next to this checkout's src/"
+        print(
+            f"{prog}: error: no patch series directory ({where}); pass --patches", file=sys.stderr
+        )
         return 2
     try:
         outputs, stale = regenerate(patches_dir, args.wheels, download=not args.offline)
