@@ -180,7 +180,7 @@ def test_json_extra_arg_from_env_array_survives_intact_and_precedes_cli(launch):
     [
         ("--mem-fraction-static 0.8", "must be a JSON array"),
         ('{"a": 1}', "not dict"),
-        ('["--x", 3]', "not list"),
+        ('["--x", 3]', "entry 1 is 3, not a string"),
     ],
 )
 def test_bad_extra_args_env_is_refused(launch, raw, fragment):

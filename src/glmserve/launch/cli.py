@@ -138,12 +138,18 @@ def parse_extra_env(raw: str | None) -> list[str]:
     except json.JSONDecodeError as exc:
         raise LaunchError(
             f"{EXTRA_ARGS_ENV} must be a JSON array of strings, e.g. "
-            f"['--mem-fraction-static', '0.8'] ({exc.msg} at column {exc.colno})"
+            f'["--mem-fraction-static", "0.8"] ({exc.msg} at column {exc.colno})'
         ) from None
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+    if not isinstance(value, list):
         raise LaunchError(
             f"{EXTRA_ARGS_ENV} must be a JSON array of strings, not {type(value).__name__}"
         )
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            raise LaunchError(
+                f"{EXTRA_ARGS_ENV} entry {i} is {json.dumps(item)}, not a string "
+                "(every argv entry must be quoted, numbers too)"
+            )
     return value
 
 
