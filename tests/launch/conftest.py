@@ -53,8 +53,9 @@ def launch(base_env: dict[str, str]) -> Callable[..., Outcome]:
         rec = Recorder()
         environ = {**base_env, **(env or {})}
 
-        def fake_selftest() -> tuple[str, str]:
+        def fake_selftest(env: dict[str, str]) -> tuple[str, str]:
             rec.selftests += 1
+            rec.selftest_env = dict(env)
             return selftest
 
         host = Host(

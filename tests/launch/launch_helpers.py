@@ -35,6 +35,7 @@ class Recorder:
 
     execs: list[tuple[str, list[str], dict[str, str]]] = field(default_factory=list)
     selftests: int = 0
+    selftest_env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -366,6 +366,8 @@ def test_start_runs_selftest_writes_build_info_then_execs(launch, base_env):
     assert outcome.code == 0, outcome.err
     assert outcome.rec.selftests == 1
     [(file, argv, env)] = outcome.rec.execs
+    # The self-test sees the environment the server gets (it reads GLMSERVE_FP8_GATHER).
+    assert outcome.rec.selftest_env == env
     assert file == sys.executable and argv[0] == sys.executable
     assert argv[1:3] == ["-m", "sglang.launch_server"]
     assert env["FLASHINFER_CUDA_ARCH_LIST"] == "12.0f" and env["HOME"] == base_env["HOME"]

@@ -326,7 +326,7 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
     if inputs.skip_selftest:
         print(f"{PROG}: self-test skipped by override", file=err)
     else:
-        status, detail = host.run_selftest()
+        status, detail = host.run_selftest(plan.env)
         if status not in ("passed", "skipped"):
             raise LaunchError(
                 f"kernel self-test {status}: {detail}; refusing to serve "

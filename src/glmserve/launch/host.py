@@ -51,9 +51,14 @@ def preflight(site: Path) -> list[str]:
     return _preflight(site, import_gather=False)
 
 
-def run_selftest() -> tuple[str, str]:
+def run_selftest(env: Mapping[str, str]) -> tuple[str, str]:
     """(status, detail) from the kernel self-test; a crash or a missing module counts as failed,
-    because serving an unverified kernel is exactly what the self-test exists to prevent."""
+    because serving an unverified kernel is exactly what the self-test exists to prevent.
+
+    The self-test reads os.environ (GLMSERVE_FP8_GATHER) and hands it to its child, so it gets the
+    environment the server will get; this process is replaced by exec right after anyway.
+    """
+    os.environ.update(env)
     try:
         from glmserve.patching.selftest import run_selftest as _run
     except ImportError as exc:
@@ -77,5 +82,5 @@ class Host:
     detect_version: Callable[[Path], str] = detect_version
     read_marker: Callable[[Path], dict[str, Any] | None] = read_marker
     preflight: Callable[[Path], list[str]] = preflight
-    run_selftest: Callable[[], tuple[str, str]] = run_selftest
+    run_selftest: Callable[[Mapping[str, str]], tuple[str, str]] = run_selftest
     execvpe: Callable[[str, list[str], Mapping[str, str]], Any] = _exec
