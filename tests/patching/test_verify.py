@@ -14,7 +14,14 @@ import pytest
 
 from glmserve.patching import MARKER_REL, apply, load_series
 from glmserve.patching.udiff import FilePatch, Hunk, apply_file_patch
-from glmserve.patching.verify import BACKEND_REL, GATHER_REL, _BackendAnalysis, main, preflight
+from glmserve.patching.verify import (
+    BACKEND_REL,
+    FLASHINFER_WRAPPER,
+    GATHER_REL,
+    _BackendAnalysis,
+    main,
+    preflight,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 PATCHES = REPO / "patches"
@@ -249,3 +256,47 @@ def test_cli_as_module_runs(patched):
         timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
+
+
+# --- FlashInfer internals the patched path relies on ----------------------------------------
+
+
+def _fake_flashinfer(root: Path, attrs: set[str], layout: str = "package") -> Path:
+    body = "".join(f"        self.{a} = kv\n" for a in sorted(attrs)) or "        pass\n"
+    src = f"class {FLASHINFER_WRAPPER}:\n    def plan(self, kv):\n{body}"
+    pkg = root / "flashinfer"
+    if layout == "package":  # flashinfer >= 0.6: flashinfer/mla/_core.py
+        (pkg / "mla").mkdir(parents=True)
+        (pkg / "mla" / "_core.py").write_text(src)
+    else:  # older releases: flashinfer/mla.py
+        pkg.mkdir(parents=True)
+        (pkg / "mla.py").write_text(src)
+    return pkg
+
+
+@pytest.mark.parametrize("layout", ["package", "module"])
+def test_wrapper_attributes_the_patched_path_reads_must_exist(patched, tmp_path, layout):
+    """A FlashInfer that no longer sets an attribute read via getattr(..., fallback) would
+    silently route every step to the fallback: preflight names each missing attribute."""
+    backend = ast.parse((patched / BACKEND_REL).read_bytes())
+    attrs = _BackendAnalysis(backend).wrapper_attrs_read()
+    good = _fake_flashinfer(tmp_path / "good", attrs, layout)
+    assert preflight(patched, import_gather=False, flashinfer=good) == []
+    bad = _fake_flashinfer(tmp_path / "bad", {"unrelated"}, layout)
+    problems = preflight(patched, import_gather=False, flashinfer=bad)
+    assert len(problems) == len(attrs)
+    for attr in attrs:
+        assert any(f"never sets {attr!r}" in p for p in problems), problems
+    assert preflight(patched, import_gather=False, flashinfer=tmp_path) == [
+        f"FlashInfer at {tmp_path}: {FLASHINFER_WRAPPER} not found in mla.py / mla/"
+    ]
+
+
+def test_rules_collect_getattr_reads_on_forward_paths():
+    src = textwrap.dedent(GOOD).replace(
+        "        pool = fb.pool.get_key_buffer(layer.layer_id)\n",
+        "        pool = fb.pool.get_key_buffer(layer.layer_id)\n"
+        '        idx = getattr(self.wrapper, "_kv_indices_buf", None)\n',
+    )
+    assert _BackendAnalysis(ast.parse(src)).wrapper_attrs_read() == {"_kv_indices_buf"}
+    assert _BackendAnalysis(ast.parse(textwrap.dedent(GOOD))).wrapper_attrs_read() == set()

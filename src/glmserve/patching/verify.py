@@ -11,6 +11,9 @@
   * nothing reachable from `forward_decode` / `forward_extend` still casts the whole
     `get_key_buffer(...)` pool, except behind the GLMSERVE_FP8_GATHER switch, and both paths
     reach the gather;
+  * every attribute the patched path reads with `getattr(obj, "name", fallback)` (FlashInfer
+    wrapper internals) is really set by the installed FlashInfer's MLA wrapper, so a FlashInfer
+    change cannot silently send the patched path down its fallback;
   * every `*wrapper*.plan(...)` in the backend (decode, draft decode, target verify, draft
     extend, CUDA-graph capture and replay all funnel through these) is preceded by a call into
     the gather (which refreshes its device-side row count).
@@ -37,16 +40,22 @@ GATHER_MODULE = "sglang.srt.layers.attention.fp8_kv_gather"
 BACKEND_CLASS = "FlashInferMLAAttnBackend"
 FORWARD_METHODS = ("forward_decode", "forward_extend")
 ENV_SWITCH = "GLMSERVE_FP8_GATHER"
+FLASHINFER_WRAPPER = "BatchMLAPagedAttentionWrapper"
 MARKER_KEYS = ("series", "sglang_version", "lock_sha256", "patches", "files")
 # Tensor methods that convert a whole tensor's dtype.
 CAST_METHODS = frozenset({"to", "bfloat16", "half", "float", "type"})
 
 
-def preflight(site: str | Path, *, import_gather: bool = True) -> list[str]:
+def preflight(
+    site: str | Path, *, import_gather: bool = True, flashinfer: Path | None = None
+) -> list[str]:
     """Problems with the patched SGLang under `site` (the directory holding sglang/); [] = ok.
 
     `import_gather` also executes the gather module from its file (needs torch and Triton,
-    as the server does); switch it off only where those are absent by design.
+    as the server does); switch it off only where those are absent by design. `flashinfer` is
+    the FlashInfer package directory to check wrapper attributes against (default: the one in
+    `site`, else the one this interpreter would import; no FlashInfer = that check is skipped,
+    as in CI, where nothing could run the backend anyway).
     """
     site = Path(site)
     try:
@@ -60,6 +69,9 @@ def preflight(site: str | Path, *, import_gather: bool = True) -> list[str]:
         return problems
     analysis = _BackendAnalysis(backend)
     problems += analysis.problems()
+    fi_dir = flashinfer or _flashinfer_dir(site)
+    if fi_dir is not None:
+        problems += _check_flashinfer_attrs(fi_dir, analysis.wrapper_attrs_read())
     if gather is not None:
         problems += _check_gather_module(site / GATHER_REL, gather, analysis, import_gather)
     return problems
@@ -287,6 +299,32 @@ class _BackendAnalysis:
                     todo.append(n.func.attr)
         return seen
 
+    def wrapper_attrs_read(self) -> set[str]:
+        """Attribute names the forward paths read as `getattr(x, "name", fallback)`."""
+        cls = next(
+            (n for n in self.tree.body if isinstance(n, ast.ClassDef) and n.name == BACKEND_CLASS),
+            None,
+        )
+        if cls is None:
+            return set()
+        methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
+        names: set[str] = set()
+        for entry in FORWARD_METHODS:
+            if entry not in methods:
+                continue
+            for name in self._reachable(entry, methods):
+                for n in ast.walk(methods[name]):
+                    if (
+                        isinstance(n, ast.Call)
+                        and isinstance(n.func, ast.Name)
+                        and n.func.id == "getattr"
+                        and len(n.args) == 3
+                        and isinstance(n.args[1], ast.Constant)
+                        and isinstance(n.args[1].value, str)
+                    ):
+                        names.add(n.args[1].value)
+        return names
+
     def _plan_problems(self, where: str) -> list[str]:
         problems = []
         plans = [
@@ -308,6 +346,57 @@ class _BackendAnalysis:
                     "updating the fp8 gather first"
                 )
         return problems
+
+
+def _flashinfer_dir(site: Path) -> Path | None:
+    if (site / "flashinfer").is_dir():
+        return site / "flashinfer"
+    try:
+        spec = importlib.util.find_spec("flashinfer")  # locates the package, does not import it
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _check_flashinfer_attrs(fi_dir: Path, wanted: set[str]) -> list[str]:
+    if not wanted:
+        return []
+    sources = [fi_dir / "mla.py", *sorted((fi_dir / "mla").glob("*.py"))]
+    assigned: set[str] | None = None
+    for path in sources:
+        if not path.is_file():
+            continue
+        try:
+            tree = ast.parse(path.read_bytes(), filename=str(path))
+        except SyntaxError:
+            continue
+        for cls in ast.walk(tree):
+            if isinstance(cls, ast.ClassDef) and cls.name == FLASHINFER_WRAPPER:
+                assigned = assigned or set()
+                for n in ast.walk(cls):
+                    targets = (
+                        n.targets
+                        if isinstance(n, ast.Assign)
+                        else [n.target]
+                        if isinstance(n, ast.AnnAssign)
+                        else []
+                    )
+                    assigned |= {
+                        t.attr
+                        for t in targets
+                        if isinstance(t, ast.Attribute)
+                        and isinstance(t.value, ast.Name)
+                        and t.value.id == "self"
+                    }
+    if assigned is None:
+        return [f"FlashInfer at {fi_dir}: {FLASHINFER_WRAPPER} not found in mla.py / mla/"]
+    return [
+        f"FlashInfer at {fi_dir}: {FLASHINFER_WRAPPER} never sets {name!r}, which the patched "
+        "path reads; it would silently fall back to the full-pool cast"
+        for name in sorted(wanted - assigned)
+    ]
 
 
 def _check_gather_module(
