@@ -85,6 +85,7 @@ ENV TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST} \
     TRITON_CACHE_DIR=/cache/jit/triton \
     TORCHINDUCTOR_CACHE_DIR=/cache/jit/inductor \
     HF_HOME=/cache/huggingface \
+    GLMSERVE_PROFILES_DIR=/opt/glmserve/entrypoint/profiles \
     PYTHONUNBUFFERED=1
 WORKDIR /opt/glmserve-build
 COPY patches/ patches/

@@ -1,0 +1,167 @@
+"""Stack fixtures: local base images, the real Dockerfile's images, and one emulated compose stack.
+
+Everything goes through the files a user runs (Dockerfile, compose.yaml), overriding only what CI
+must change: base images (no registry), ports (tests run concurrently, so every port is picked
+free), Prometheus's scrape interval (seconds, not minutes, of waiting) and Prometheus itself
+(Debian's 2.42 in a local image instead of the pinned prom/prometheus).
+
+Other files in tests/stack/ reuse the session-scoped `emulated_stack` (brought up once) and
+`server_image`; helpers are in stackkit.py. See docs/deploy.md.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from stackkit import (
+    CONTRACT_PORTS,
+    EMULATOR_TPOT_MS,
+    EMULATOR_TTFT_MS,
+    HOST_CA_BUNDLE,
+    REPO,
+    TEST_SERVER_IMAGE,
+    TEST_TOOLS_IMAGE,
+    Stack,
+    Timings,
+    compose_env,
+    exporter_available,
+    free_port,
+    lock_build_args,
+    render_prometheus_dir,
+    run,
+)
+
+
+@pytest.fixture(scope="session")
+def require_fn(request: pytest.FixtureRequest) -> Callable[[bool, str], None]:
+    """The shared skip-locally/fail-in-CI policy from tests/conftest.py."""
+    shared = request.config.pluginmanager.get_plugin(str(REPO / "tests" / "conftest.py"))
+    assert shared is not None, "tests/conftest.py is not loaded"
+    return shared.require  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="session")
+def stack_timings(request: pytest.FixtureRequest) -> Iterator[Timings]:
+    timings = Timings()
+    yield timings
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and timings.phases:
+        total = sum(timings.phases.values())
+        parts = ", ".join(f"{k} {v:.1f}s" for k, v in timings.phases.items())
+        reporter.write_line(f"\nstack phases: {parts}; total {total:.1f}s")
+
+
+@pytest.fixture(scope="session")
+def ci_bases(docker_engine: None, stack_timings: Timings) -> dict[str, str]:
+    """Local stand-ins for the registry bases (docker/ci-bases.sh), as KEY -> image tag."""
+    with stack_timings.measure("ci bases"):
+        proc = run([str(REPO / "docker" / "ci-bases.sh")], timeout=900)
+    bases = dict(line.split("=", 1) for line in proc.stdout.split() if "=" in line)
+    for key in ("TOOLS_BASE_IMAGE", "BASE_IMAGE", "PROMETHEUS_IMAGE"):
+        assert bases.get(key), f"docker/ci-bases.sh printed no {key}"
+    return bases
+
+
+@pytest.fixture(scope="session")
+def build_ca() -> None:
+    """Trust the host's CA bundle inside builds (TLS-intercepting proxy here; harmless elsewhere).
+
+    Uses the Dockerfile's generic hook: certificates in the git-ignored .ca/ folder.
+    """
+    if not HOST_CA_BUNDLE.is_file():
+        return
+    target = REPO / ".ca" / "host-ca-bundle.crt"
+    target.parent.mkdir(exist_ok=True)
+    if not target.exists() or target.read_bytes() != HOST_CA_BUNDLE.read_bytes():
+        shutil.copyfile(HOST_CA_BUNDLE, target)
+
+
+@pytest.fixture(scope="session")
+def tools_image(ci_bases: dict[str, str], build_ca: None, stack_timings: Timings) -> str:
+    """The Dockerfile's `tools` stage, built through compose (as `docker compose build` does)."""
+    with stack_timings.measure("tools image build"):
+        run(
+            ["docker", "compose", "-f", "compose.yaml", "build", "emulator"],
+            env=compose_env(ci_bases, COMPOSE_PROFILES="emulated"),
+            timeout=900,
+        )
+    return TEST_TOOLS_IMAGE
+
+
+@pytest.fixture(scope="session")
+def server_image(ci_bases: dict[str, str], tools_image: str, stack_timings: Timings) -> str:
+    """The Dockerfile's `server` stage on the local SGLang base: the patch stage runs for real."""
+    args = lock_build_args()
+    with stack_timings.measure("server image build"):
+        run(
+            ["docker", "compose", "-f", "compose.yaml", "build", "sglang"],
+            env=compose_env(ci_bases, COMPOSE_PROFILES="gpu", **args),
+            timeout=900,
+        )
+    return TEST_SERVER_IMAGE
+
+
+@pytest.fixture(scope="session")
+def emulated_stack(
+    ci_bases: dict[str, str], tools_image: str, stack_timings: Timings
+) -> Iterator[Stack]:
+    """`docker compose --profile emulated up` (emulator, Prometheus, and the exporter once it
+    exists), brought up once per session and torn down with its volumes at the end."""
+    ports = {name: free_port() for name in CONTRACT_PORTS}
+    workdir = Path(tempfile.mkdtemp(prefix="glmserve-stack-"))
+    workdir.chmod(0o755)
+    prom_dir = render_prometheus_dir(
+        workdir / "prometheus", {CONTRACT_PORTS[k]: ports[k] for k in CONTRACT_PORTS}
+    )
+    override = workdir / "compose.stack-test.yaml"
+    # Same target path as compose.yaml's mount, so compose replaces it instead of adding one.
+    override.write_text(
+        yaml.safe_dump(
+            {
+                "services": {
+                    "prometheus": {
+                        "volumes": [f"{prom_dir}:/etc/prometheus:ro", "prometheus-data:/prometheus"]
+                    }
+                }
+            }
+        )
+    )
+    env = compose_env(
+        ci_bases,
+        SGLANG_PORT=str(ports["sglang"]),
+        EXPORTER_LISTEN=f"127.0.0.1:{ports['exporter']}",
+        PROMETHEUS_LISTEN=f"127.0.0.1:{ports['prometheus']}",
+        EMULATOR_TPOT_MS=str(EMULATOR_TPOT_MS),
+        EMULATOR_TTFT_MS=str(EMULATOR_TTFT_MS),
+        EXPORTER_CANARY_INTERVAL="2s",
+    )
+    env.pop("COMPOSE_PROFILES", None)
+    services = ["emulator", "prometheus"] + (["exporter"] if exporter_available() else [])
+    stack = Stack(
+        project=f"glmserve-stack-{os.getpid()}",
+        workdir=workdir,
+        env=env,
+        ports=ports,
+        services=services,
+        files=[REPO / "compose.yaml", override],
+    )
+    try:
+        with stack_timings.measure("compose up"):
+            stack.compose(
+                "--profile", "emulated", "up", "-d", "--wait", "--wait-timeout", "120", *services
+            )
+        yield stack
+    finally:
+        with stack_timings.measure("compose down"):
+            logs = stack.compose("--profile", "emulated", "logs", "--no-color", check=False)
+            (workdir / "compose.log").write_text(logs.stdout + logs.stderr)
+            stack.compose(
+                "--profile", "emulated", "down", "-v", "--remove-orphans", "-t", "10", check=False
+            )
+        shutil.rmtree(workdir, ignore_errors=True)

