@@ -1,6 +1,7 @@
 #!/bin/bash
 # Build the e2e device bundle in one command:
-#   bench/e2e/build_bundle.sh [OUT.tar.xz]      (default .bundle/e2e.tar.xz, git-ignored)
+#   bench/e2e/build_bundle.sh [OUT.tar.xz]      (default .cache/e2e/e2e.tar.xz, git-ignored; not
+#   under .bundle/, which bench/device_run.sh carries whole: two bundles would pass 64 MiB)
 # 1. the SGLang 0.5.12.post1 overlay from ../shared/tools/sglang-device-bundle.sh (built once into
 #    .cache/e2e/base and reused: it is ~300 MB of pinned wheels that never change);
 # 2. a fresh copy of it patched with OUR series: python3 patches/apply.py --target SITE, then --check;
@@ -10,7 +11,7 @@
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$REPO"
-OUT=$(realpath -m "${1:-.bundle/e2e.tar.xz}")
+OUT=$(realpath -m "${1:-.cache/e2e/e2e.tar.xz}")
 TOOL=${SGLANG_DEVICE_BUNDLE:-$REPO/../shared/tools/sglang-device-bundle.sh}
 WORK=$REPO/.cache/e2e
 BASE=$WORK/base/site
@@ -33,7 +34,8 @@ python3 patches/apply.py --target "$STAGE/site" --check
 # Our package goes beside SGLang so the launcher, streaming client and canary run from the bundle.
 rm -rf "$STAGE/site/glmserve"
 cp -a src/glmserve "$STAGE/site/glmserve"
-mkdir -p "$STAGE/models"
+mkdir -p "$STAGE/models" "$STAGE/profiles"
+cp -a entrypoint/profiles/*.json "$STAGE/profiles/"
 cp -a entrypoint/models/tiny-mla* "$STAGE/models/"
 find "$STAGE" -name __pycache__ -type d -prune -exec rm -rf {} +
 # Provenance: which commit and series this bundle was built from.
@@ -42,7 +44,7 @@ find "$STAGE" -name __pycache__ -type d -prune -exec rm -rf {} +
   echo " \"built\": \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\", \"overlay_tool_sha256_16\": \"$STAMP\"}"
 } > "$STAGE/site/.e2e-bundle.json"
 mkdir -p "$(dirname "$OUT")"
-( cd "$STAGE" && XZ_OPT="-T0 -9" tar -cJf "$OUT" site models )
+( cd "$STAGE" && XZ_OPT="-T0 -9" tar -cJf "$OUT" site models profiles )
 size=$(stat -c %s "$OUT")
 echo "bundle: $OUT ($((size / 1024 / 1024)) MiB)"
 [ "$size" -le $((60 * 1024 * 1024)) ] || { echo "bundle is over 60 MiB: it would not fit the carry limit" >&2; exit 1; }

@@ -1,19 +1,21 @@
 #!/bin/bash
 # The whole device call (run from the repository root on the H200 machine):
 #   bash bench/e2e/device.sh [harness args...]     e.g. --deadline-s 480
-# carry: .bundle   (bench/e2e/build_bundle.sh builds .bundle/e2e.tar.xz; .bundle/jit.tar.xz optional)
+# carry: .cache/e2e/e2e.tar.xz (bench/e2e/build_bundle.sh builds it) and, optionally, a JIT cache
+#   tarball named by E2E_JIT (default .cache/e2e/jit.tar.xz; FlashInfer/Triton caches under $HOME)
 # Writes to $OUT (the tool fetches at most 8 files): e2e.json, e2e.md, harness.log, logs.tar.xz,
 # and jit.tar.xz (FlashInfer/Triton JIT caches) for a later call to restore.
 set -uo pipefail
 OUT=${OUT:-/tmp/e2e-out}; mkdir -p "$OUT"
 T0=$(date +%s)
-mkdir -p /tmp/e2e && tar -xJf .bundle/e2e.tar.xz -C /tmp/e2e || { echo "no bundle: run bench/e2e/build_bundle.sh" >&2; exit 2; }
-if [ -f .bundle/jit.tar.xz ]; then tar -xJf .bundle/jit.tar.xz -C "$HOME" && echo "JIT cache restored"; fi
+mkdir -p /tmp/e2e && tar -xJf .cache/e2e/e2e.tar.xz -C /tmp/e2e || { echo "no bundle: run bench/e2e/build_bundle.sh" >&2; exit 2; }
+JIT=${E2E_JIT:-.cache/e2e/jit.tar.xz}
+if [ -f "$JIT" ]; then tar -xJf "$JIT" -C "$HOME" && echo "JIT cache restored from $JIT"; fi
 export PYTHONPATH=/tmp/e2e/site HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MAX_JOBS=16 \
   FLASHINFER_CUDA_ARCH_LIST=9.0a CUDA_HOME=/usr/local/cuda PYTHONUNBUFFERED=1 \
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 echo "unpacked in $(( $(date +%s) - T0 )) s; $(nvidia-smi -L | tr '\n' ' ')"
-python3 bench/e2e/harness.py --mode device --out "$OUT" --model-dir /tmp/e2e/models "$@" 2>&1 | tee "$OUT/harness.log"
+python3 bench/e2e/harness.py --mode device --out "$OUT" --model-dir /tmp/e2e/models --profiles-dir /tmp/e2e/profiles "$@" 2>&1 | tee "$OUT/harness.log"
 rc=${PIPESTATUS[0]}
 cp /tmp/e2e/site/.e2e-bundle.json "$OUT/bundle.json" 2>/dev/null
 ( cd "$OUT" && tar -cJf logs.tar.xz logs buildinfo 2>/dev/null && rm -rf logs buildinfo )

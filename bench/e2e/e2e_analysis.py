@@ -58,6 +58,8 @@ class ServerSpec:
     concurrency: bool = True
     # 0 = core (the bars), higher = dropped first when the deadline approaches.
     priority: int = 0
+    # The launcher profile (entrypoint/profiles/<name>.json); the deep one overrides the layers.
+    profile: str = "tiny-mla"
 
     @property
     def kv_cache_dtype(self) -> str:
@@ -90,7 +92,12 @@ def plan_servers(
         ServerSpec("c8", "tp1-8L", "bf16", 8, base_port + 2),
     ]
     if deep_layers:
-        deep = dict(layers=deep_layers, gpus=deep_gpu, cuda_graph_max_bs=1, concurrency=False)
+        if deep_layers != 78:
+            raise ValueError("the deep profile (tiny-mla-78l) has 78 layers")
+        deep = dict(
+            layers=deep_layers, gpus=deep_gpu, cuda_graph_max_bs=1, concurrency=False,
+            profile="tiny-mla-78l",
+        )  # fmt: skip
         grp = f"tp1-{deep_layers}L"
         specs += [
             ServerSpec(

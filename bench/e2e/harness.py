@@ -58,36 +58,45 @@ def free_port() -> int:
 # ---------------------------------------------------------------- launching
 
 
-def launch_argv(
-    spec: an.ServerSpec, mode: str, model_dir: Path, python: str, profile: str, build_info: Path
-) -> list[str]:
-    """The command line of one server. Device: our launcher wrapping sglang.launch_server."""
+def launch_argv(spec: an.ServerSpec, mode: str, paths: dict[str, Path], python: str) -> list[str]:
+    """The command line of one server. Device: our launcher, which execs sglang.launch_server.
+
+    `paths`: model (the tiny MLA model dir), profiles (the launcher's profile folder),
+    build_info (where the launcher writes build info for this server).
+    """
     if mode == "emulator":
+        # The emulator stands in for launcher + SGLang; its cost model plays the three variants.
+        cost = {"fp8_upstream": "upstream", "fp8_patched": "patched", "bf16": "bf16"}[spec.variant]
         return [
             python, "-m", "glmserve.emulator", "--host", "127.0.0.1", "--port", str(spec.port),
-            "--kv-cache-dtype", spec.kv_cache_dtype, "--num-layers", str(spec.layers),
+            "--tpot-ms", "1.0", "--ttft-ms", "5", "--cost-model", cost,
+            "--layers", str(spec.layers), "--kv-cache-dtype", spec.kv_cache_dtype,
+            "--tp-size", str(spec.tp), "--max-total-tokens", str(an.MAX_TOTAL_TOKENS),
+            "--model-path", str(paths["model"]), "--build-info-file", str(paths["build_info"]),
+            "--health-delay-s", "0",
         ]  # fmt: skip
     # Our launcher owns --model-path/--tp/--host/--port (it validates them); the rest passes
     # through after '--' and, coming after the profile's flags, wins for store-type options.
     sglang_args = [
-        "--load-format", "dummy",
-        "--attention-backend", "flashinfer", "--kv-cache-dtype", spec.kv_cache_dtype,
+        "--kv-cache-dtype", spec.kv_cache_dtype,
         "--max-total-tokens", str(an.MAX_TOTAL_TOKENS),
         # Servers share the GPU, so each must leave room for the others: the pool is capped by
         # --max-total-tokens anyway, and SGLang's fraction is of the memory free at its start.
         "--mem-fraction-static", "0.9",
         "--cuda-graph-max-bs", str(spec.cuda_graph_max_bs),
-        "--enable-metrics", "--disable-piecewise-cuda-graph",
+        # Servers share the machine: an idle SGLang scheduler otherwise spins one core at 100%.
+        # Only TP=1: a TP>1 follower rank has no socket to wake on and would sleep 1 s per poll.
+        *(["--sleep-on-idle"] if spec.tp == 1 else []),
         # No custom all-reduce for TP=2: the tiny model's all-reduces are small, and it keeps
         # the run independent of IPC-buffer support in the lent VM.
         *(["--disable-custom-all-reduce"] if spec.tp > 1 else []),
     ]  # fmt: skip
+    # The tiny profiles allow SM 9.x themselves (the H200), so no --allow-any-arch override.
     return [
-        python, "-m", "glmserve.launch", "--profile", profile,
-        "--model-path", str(model_dir), "--tp", str(spec.tp),
-        "--host", "127.0.0.1", "--port", str(spec.port),
-        # The H200 is SM90; the profiles name Blackwell (10.x/12.x). The override is explicit.
-        "--allow-any-arch", "--build-info", str(build_info),
+        python, "-m", "glmserve.launch", "--profile", spec.profile,
+        "--profiles-dir", str(paths["profiles"]), "--model-path", str(paths["model"]),
+        "--tp", str(spec.tp), "--host", "127.0.0.1", "--port", str(spec.port),
+        "--build-info", str(paths["build_info"]),
         "--", *sglang_args,
     ]  # fmt: skip
 
@@ -219,27 +228,37 @@ def concurrent_streams(url: str, n: int, max_tokens: int, prompt: str) -> dict[s
     }
 
 
-def canary_probe(url: str, n: int, max_tokens: int) -> tuple[list[float], str]:
-    """TPOTs as the exporter's canary measures them; falls back to the streaming module."""
-    try:
-        from glmserve.exporter import canary as exporter_canary  # type: ignore[attr-defined]
-    except ImportError:
-        exporter_canary = None
-    vals: list[float] = []
-    if exporter_canary is not None and hasattr(exporter_canary, "probe_once"):
-        for _ in range(n):
-            t = exporter_canary.probe_once(url)
-            if t.tpot_s is not None:
-                vals.append(t.tpot_s)
-        return vals, "glmserve.exporter.canary.probe_once"
+def canary_probe(url: str, n: int, max_tokens: int) -> tuple[float | None, list[str], str]:
+    """Mean TPOT as the exporter's canary exports it: its own Canary.run_once n times, read back
+    from its glmserve_canary_tpot_seconds histogram (sum/count), plus failure reasons."""
     import httpx
 
+    req = streaming.StreamRequest(route="generate", prompt="canary", max_tokens=max_tokens)
+    try:
+        from prometheus_client import CollectorRegistry
+
+        from glmserve.exporter.canary import Canary, CanaryMetrics
+    except ImportError:
+        vals = []
+        with httpx.Client(timeout=httpx.Timeout(60.0)) as client:
+            for _ in range(n):
+                t = streaming.time_stream(url, req, client=client, timeout_s=60.0)
+                if t.tpot_s is not None:
+                    vals.append(t.tpot_s)
+        mean = sum(vals) / len(vals) if vals else None
+        return mean, [], "canary-equivalent (glmserve.streaming; glmserve.exporter not importable)"
+    registry = CollectorRegistry()
+    failures = []
     with httpx.Client(timeout=httpx.Timeout(60.0)) as client:
+        canary = Canary(url, req, CanaryMetrics(registry), client, timeout_s=60.0)
         for _ in range(n):
-            t = stream_once(url, max_tokens, "canary", client)
-            if t.tpot_s is not None:
-                vals.append(t.tpot_s)
-    return vals, "canary-equivalent (glmserve.streaming, exporter canary not available)"
+            reason = canary.run_once()
+            if reason:
+                failures.append(reason)
+    total = registry.get_sample_value("glmserve_canary_tpot_seconds_sum") or 0.0
+    count = registry.get_sample_value("glmserve_canary_tpot_seconds_count") or 0.0
+    source = "glmserve.exporter.canary.Canary.run_once (route /generate), histogram sum/count"
+    return (total / count if count else None), failures, source
 
 
 def scrape_itl(http: Any, url: str) -> tuple[float, float]:
@@ -305,8 +324,12 @@ class Run:
                 env["CUDA_VISIBLE_DEVICES"] = spec.gpus
             else:
                 env["GLMSERVE_EMULATOR_FP8_GATHER"] = spec.fp8_gather
-            model = Path(a.model_dir) / (a.deep_model if spec.layers != 8 else a.model)
-            argv = launch_argv(spec, a.mode, model, sys.executable, a.profile, build_info)
+            paths = {
+                "model": Path(a.model_dir) / a.model,
+                "profiles": Path(a.profiles_dir),
+                "build_info": build_info,
+            }
+            argv = launch_argv(spec, a.mode, paths, sys.executable)
             srv = Server(spec, argv, env, self.out / "logs" / f"{spec.key}.log")
             self.servers[spec.key] = srv
             self.res(spec.key).update(argv=shlex.join(argv), gpus=spec.gpus)
@@ -436,13 +459,15 @@ class Run:
     def phase_canary(self, keys: Sequence[str], n: int, max_tokens: int) -> None:
         for srv in self.ready(keys):
             try:
-                vals, source = canary_probe(srv.url, n, max_tokens)
+                mean, failures, source = canary_probe(srv.url, n, max_tokens)
             except Exception as exc:
                 self.res(srv.spec.key)["canary_error"] = f"{type(exc).__name__}: {exc}"[:200]
                 continue
             self.report.meta["canary_source"] = source
-            r = self.res(srv.spec.key)
-            r.update(canary_tpot=an.median(vals), canary_all=vals)
+            self.res(srv.spec.key).update(canary_tpot=mean, canary_n=n, canary_failures=failures)
+            log(
+                f"{srv.spec.key}: canary TPOT {_fmt_ms(mean)} ms ({n} probes, {len(failures)} failed)"
+            )
 
     def evaluate(self) -> None:
         groups: dict[str, list[an.ServerSpec]] = {}
@@ -613,9 +638,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--base-port", type=int, default=30000, help="0 = free ports")
     p.add_argument("--stagger-s", type=float, default=0.0)
     p.add_argument("--model-dir", default=str(REPO / "entrypoint" / "models"))
-    p.add_argument("--profile", default="tiny-mla", help="launcher profile (entrypoint/profiles)")
+    p.add_argument("--profiles-dir", default=str(REPO / "entrypoint" / "profiles"))
     p.add_argument("--model", default="tiny-mla")
-    p.add_argument("--deep-model", default="tiny-mla-78")
     p.add_argument("--vocab-size", type=int, default=0)
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--greedy-tokens", type=int, default=32)
