@@ -21,9 +21,14 @@ PATCHES = REPO / "patches"
 @pytest.fixture(scope="session")
 def require(pytestconfig: pytest.Config) -> Callable[[bool, str], None]:
     """tests/conftest.py's require(): skip locally, fail when CI=true."""
-    root = pytestconfig.pluginmanager.get_plugin(str(REPO / "tests" / "conftest.py"))
-    assert root is not None, "tests/conftest.py was not loaded"
-    return root.require
+    # Both conftests are module "conftest", so `from conftest import require` would be
+    # ambiguous; find the root one among the loaded plugins by its file instead.
+    root = REPO / "tests" / "conftest.py"
+    for plugin in pytestconfig.pluginmanager.get_plugins():
+        path = getattr(plugin, "__file__", None)
+        if path and Path(path).resolve() == root.resolve() and hasattr(plugin, "require"):
+            return plugin.require
+    raise AssertionError("tests/conftest.py (with require()) was not loaded")
 
 
 @pytest.fixture(scope="session")
