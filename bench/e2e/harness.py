@@ -560,6 +560,8 @@ class Run:
             finally:
                 for srv in self.servers.values():
                     srv.stop()
+                    if srv.proc is not None:
+                        self.res(srv.spec.key)["exit_code"] = srv.proc.returncode
                 self.report.meta["total_s"] = round(time.monotonic() - self.t0, 1)
                 self.evaluate()
                 self.save()

@@ -1,0 +1,133 @@
+"""The e2e harness as a whole, without a GPU: its device command lines go through our launcher's
+own validation, and a full dry run drives three emulated servers through every phase."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench" / "e2e"))
+
+import e2e_analysis as an  # noqa: E402
+
+from glmserve.launch import cli as launch_cli  # noqa: E402
+from glmserve.launch.host import Host  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("e2e_harness", REPO / "bench" / "e2e" / "harness.py")
+assert _spec and _spec.loader
+harness = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(harness)
+
+
+def _host(environ: dict[str, str]) -> Host:
+    """The launcher's host double: SGLang 0.5.12.post1 patched, never imported or started.
+
+    The real file checks (version, marker, preflight) are the patch tool's tests; here the point
+    is that the harness's flags compose with the real profiles the way the bars need.
+    """
+    marker = {"series": "0.5.12.post1", "sglang_version": "0.5.12.post1", "lock_sha256": "0" * 64}
+
+    def no_exec(*_args: object) -> None:
+        raise AssertionError("--dry-run must not exec")
+
+    return Host(
+        environ=environ,
+        sglang_site=lambda: Path("/nonexistent/site"),
+        detect_version=lambda _site: "0.5.12.post1",
+        read_marker=lambda _site: dict(marker),
+        preflight=lambda _site: [],
+        execvpe=no_exec,
+    )
+
+
+def _last(argv: list[str], flag: str) -> str:
+    """SGLang's argparse keeps the last occurrence of a store option."""
+    idx = max(i for i, a in enumerate(argv) if a == flag)
+    return argv[idx + 1]
+
+
+@pytest.mark.parametrize("key", [s.key for s in an.plan_servers(2)])
+def test_device_argv_is_accepted_by_the_launcher(tmp_path: Path, key: str) -> None:
+    spec = next(s for s in an.plan_servers(2) if s.key == key)
+    paths = {
+        "model": REPO / "entrypoint" / "models" / "tiny-mla",
+        "profiles": REPO / "entrypoint" / "profiles",
+        "build_info": tmp_path / "bi.json",
+    }
+    argv = harness.launch_argv(spec, "device", paths, sys.executable)
+    assert argv[1:3] == ["-m", "glmserve.launch"]
+    cut = argv.index("--")
+    own = [*argv[3:cut], "--dry-run", *argv[cut:]]
+    environ = {"GLMSERVE_FP8_GATHER": spec.fp8_gather, "PATH": os.environ.get("PATH", "")}
+    out, err = io.StringIO(), io.StringIO()
+    assert launch_cli.run(own, _host(environ), out=out, err=err) == 0, err.getvalue()
+    plan = json.loads(out.getvalue())
+    sg = plan["argv"]
+    assert sg[1:3] == ["-m", "sglang.launch_server"]
+    # Our pass-through flags must win over the profile's (they come later).
+    assert _last(sg, "--kv-cache-dtype") == spec.kv_cache_dtype
+    assert _last(sg, "--max-total-tokens") == str(an.MAX_TOTAL_TOKENS)
+    assert _last(sg, "--cuda-graph-max-bs") == str(spec.cuda_graph_max_bs)
+    assert _last(sg, "--tp-size") == str(spec.tp)
+    assert _last(sg, "--port") == str(spec.port)
+    assert "--disable-cuda-graph" not in sg  # the bars are about CUDA-graph decode
+    assert plan["env"]["GLMSERVE_FP8_GATHER"] == spec.fp8_gather
+    assert plan["sglang"]["fp8_gather"] == ("off" if spec.fp8_gather == "0" else "on")
+    if spec.layers == 78:
+        assert json.loads(_last(sg, "--json-model-override-args"))["num_hidden_layers"] == 78
+    else:
+        assert "--json-model-override-args" not in sg
+
+
+def _run_dry(tmp_path: Path, *extra: str) -> dict:
+    out = tmp_path / "out"
+    rc = harness.main(
+        ["--mode", "emulator", "--out", str(out), "--base-port", "0", "--only", "a8,b8,c8",
+         "--prompts", "3", "--greedy-tokens", "6", "--tokens", "12", "--reps", "2",
+         "--conc-reps", "1", "--canary-n", "2", "--ready-budget-s", "60", *extra]
+    )  # fmt: skip
+    assert rc == 0
+    data = json.loads((out / "e2e.json").read_text())
+    data["_md"] = (out / "e2e.md").read_text()
+    return data
+
+
+def test_emulator_dry_run_covers_every_phase_and_stops_servers(tmp_path: Path) -> None:
+    data = _run_dry(tmp_path)
+    servers = data["servers"]
+    assert set(servers) == {"a8", "b8", "c8"}
+    for key, r in servers.items():
+        assert "error" not in r, (key, r.get("error"))
+        assert r["n_single"] == 2 and r["tpot_1"] > 0 and r["ttft_1"] > 0
+        assert r["tpot_8"] > 0 and r["tok_s_8"] > 0
+        assert all(run["streams_ok"] == 8 for run in r["conc_runs"])
+        assert r["canary_tpot"] > 0 and not r["canary_failures"]
+        assert r["server_itl_mean"] > 0  # the emulator's sglang:inter_token_latency_seconds
+        assert len(r["greedy_ids"]) == 3 and all(len(ids) == 6 for ids in r["greedy_ids"])
+        assert r["build_info"]["source"] == "emulator"
+    bars = {b["name"]: b for b in data["bars"]["tp1-8L"]}
+    assert bars["(a) == (b) greedy tokens"]["passed"] is True
+    for name in ("patched/BF16 TPOT, 1 stream", "patched/BF16 TPOT, 8 streams",
+                 "patched/unpatched TPOT, 1 stream"):  # fmt: skip
+        assert isinstance(bars[name]["value"], float)
+    assert "glmserve.exporter.canary" in data["meta"]["canary_source"]
+    assert "| tp1-8L: (a) vs (b) | 3/3 |" in data["_md"]
+    # Every server was stopped (and reaped) by the harness itself, not left to the caller.
+    for r in servers.values():
+        assert "glmserve.emulator" in r["argv"]
+        assert r["exit_code"] is not None
+    assert not data["notes"], data["notes"]
+
+
+def test_deadline_skips_phases_and_says_so(tmp_path: Path) -> None:
+    data = _run_dry(tmp_path, "--deadline-s", "0")
+    skipped = [n for n in data["notes"] if n.startswith("skipped ")]
+    assert len(skipped) == len({n.split(":")[0] for n in skipped}) >= 4
+    assert all(b["passed"] is None for b in data["bars"].get("tp1-8L", []))
