@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 # Key names as SGLang 0.5.12.post1's /server_info returns them (server_args flattened, plus
 # scheduler_info and version); values are the GLM-5 FP8 deployment's.
@@ -186,3 +187,39 @@ class FakeSGLang:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+# --- scraping a running exporter -------------------------------------------------------
+
+
+def scrape(port: int) -> dict[tuple[str, tuple], float]:
+    resp = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    resp.raise_for_status()
+    out = {}
+    for family in text_string_to_metric_families(resp.text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), float("nan"))
+
+
+def wait_for(port: int, cond: Callable[[dict], bool], timeout_s: float = 10.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    samples: dict = {}
+    while time.monotonic() < deadline:
+        samples = scrape(port)
+        if cond(samples):
+            return samples
+        time.sleep(0.05)
+    raise AssertionError(f"condition not met within {timeout_s} s; last scrape: {samples}")
+
+
+def tpot_count(s: dict) -> float:
+    return value(s, "glmserve_canary_tpot_seconds_count")
+
+
+def failures(s: dict, reason: str) -> float:
+    return value(s, "glmserve_canary_failures_total", reason=reason)

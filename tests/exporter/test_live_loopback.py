@@ -11,40 +11,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.helpers import FakeSGLang, free_port
+from exporter.helpers import FakeSGLang, failures, free_port, scrape, tpot_count, value, wait_for
 from glmserve.exporter.cli import Exporter, start
 from glmserve.exporter.config import ExporterConfig
-
-
-def scrape(port: int) -> dict[tuple[str, tuple], float]:
-    resp = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
-    resp.raise_for_status()
-    out = {}
-    for family in text_string_to_metric_families(resp.text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def value(samples: dict, name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), float("nan"))
-
-
-def wait_for(port: int, cond: Callable[[dict], bool], timeout_s: float = 10.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    samples: dict = {}
-    while time.monotonic() < deadline:
-        samples = scrape(port)
-        if cond(samples):
-            return samples
-        time.sleep(0.05)
-    raise AssertionError(f"condition not met within {timeout_s} s; last scrape: {samples}")
 
 
 @pytest.fixture
@@ -68,14 +42,6 @@ def exporter(fake: FakeSGLang, tmp_path) -> Iterator[Exporter]:
     running = start(config)
     yield running
     running.stop()
-
-
-def tpot_count(s: dict) -> float:
-    return value(s, "glmserve_canary_tpot_seconds_count")
-
-
-def failures(s: dict, reason: str) -> float:
-    return value(s, "glmserve_canary_failures_total", reason=reason)
 
 
 def test_kill_and_restart_target(fake: FakeSGLang, exporter: Exporter):
