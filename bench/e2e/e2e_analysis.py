@@ -196,6 +196,33 @@ def scrape_sum_count(text: str, metric: str) -> tuple[float, float]:
     return total["_sum"], total["_count"]
 
 
+_POOL = re.compile(r"max_total_num_tokens=(\d+)")
+_DECODE_GRAPH = re.compile(r"Decode batch.*?graph: (True|False), gen throughput")
+_CAPTURE_BS = re.compile(r"Capture cuda graph bs \[?([0-9, ]+)\]?")
+
+
+def log_facts(text: str) -> dict[str, Any]:
+    """What a server's own log proves: its pool size, the decode-graph batch sizes it captured,
+    and how many logged decode batches ran inside a CUDA graph (SGLang logs one line every
+    --decode-log-interval steps, with `cuda graph: True/False`), plus the launcher's verdict."""
+    pools = [int(m) for m in _POOL.findall(text)]
+    graph = _DECODE_GRAPH.findall(text)
+    capture = _CAPTURE_BS.search(text)
+    selftest = None
+    for line in text.splitlines():
+        if "glmserve.launch: self-test" in line:
+            selftest = line.split("glmserve.launch: ", 1)[1].strip()[:300]
+    return {
+        "max_total_num_tokens": pools[-1] if pools else None,
+        "capture_bs": [int(x) for x in capture.group(1).replace(" ", "").split(",") if x]
+        if capture
+        else None,
+        "decode_lines_graph": graph.count("True"),
+        "decode_lines_eager": graph.count("False"),
+        "selftest": selftest,
+    }
+
+
 def histogram_mean(before: tuple[float, float], after: tuple[float, float]) -> float | None:
     d_sum, d_count = after[0] - before[0], after[1] - before[1]
     return d_sum / d_count if d_count > 0 else None
@@ -303,24 +330,34 @@ def render_markdown(report: Report, specs: Sequence[ServerSpec]) -> str:
         "",
         "## Servers",
         "",
-        "| server | variant | layers | TP | ready s | self-test | TTFT ms | TPOT 1 ms | TPOT 8 ms | tok/s 8 | canary ms | server ITL ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| server | variant | layers | TP | pool | graph decode | ready s | self-test | TTFT ms "
+        "| TPOT 1 ms | TPOT 8 ms | tok/s 8 | canary ms | server ITL ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in specs:
         r = report.servers.get(s.key, {})
         if not r:
             continue
+        lg = r.get("log") or {}
+        graph = (
+            f"{lg['decode_lines_graph']}/{lg['decode_lines_graph'] + lg['decode_lines_eager']}"
+            if lg
+            else "—"
+        )
         lines.append(
-            f"| {s.key} | {s.label} | {s.layers} | {s.tp} | {_num(r.get('ready_s'), '{:.0f}')} "
+            f"| {s.key} | {s.label} | {s.layers} | {s.tp} | {_num(lg.get('max_total_num_tokens'))} "
+            f"| {graph} | {_num(r.get('ready_s'), '{:.0f}')} "
             f"| {r.get('selftest', '—')} | {_ms(r.get('ttft_1'))} | {_ms(r.get('tpot_1'))} "
             f"| {_ms(r.get('tpot_8'))} | {_num(r.get('tok_s_8'), '{:.0f}')} "
             f"| {_ms(r.get('canary_tpot'))} | {_ms(r.get('server_itl_mean'))} |"
         )
         if r.get("error"):
-            lines.append(f"| {s.key} | error: {str(r['error'])[:120]} |||||||||||")
+            lines.append(f"| {s.key} | error: {str(r['error'])[:160]} |||||||||||||")
     lines += [
         "",
-        "TPOT and TTFT are medians over requests; 8 streams: median of per-stream TPOTs.",
+        "TPOT and TTFT are medians over requests; 8 streams: median of per-stream TPOTs. pool: "
+        "max_total_num_tokens from the server's log; graph decode: logged decode batches that "
+        "ran in a CUDA graph / all logged decode batches.",
         "",
     ]
     lines += ["## Bars", "", "| group | bar | value | limit | pass |", "|---|---|---|---|---|"]

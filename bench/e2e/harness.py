@@ -362,19 +362,13 @@ class Run:
         path = self.out / "buildinfo" / f"{srv.spec.key}.json"
         with contextlib.suppress(OSError, ValueError):
             self.res(srv.spec.key)["build_info"] = json.loads(path.read_text())
-        # The launcher logs its self-test verdict; keep the line as evidence it ran in-process.
-        try:
-            text = srv.log_path.read_text(errors="replace")
-        except OSError:
-            return
-        for line in text.splitlines():
-            low = line.lower()
-            if "self-test" in low or "selftest" in low:
-                self.res(srv.spec.key)["selftest_line"] = line.strip()[:300]
-                for word in ("passed", "failed", "skipped"):
-                    if word in low:
-                        self.res(srv.spec.key)["selftest"] = word
-                        break
+        # The launcher logs its self-test verdict before it execs SGLang: evidence that the
+        # test ran in this very process on this GPU.
+        with contextlib.suppress(OSError):
+            line = an.log_facts(srv.log_path.read_text(errors="replace"))["selftest"]
+            if line:
+                self.res(srv.spec.key)["selftest"] = line.split(":")[0].replace("self-test ", "")
+                self.res(srv.spec.key)["selftest_line"] = line
 
     def phase_greedy(
         self, http: Any, keys: Sequence[str], prompts: list[list[int]], new_tokens: int
@@ -562,6 +556,9 @@ class Run:
                     srv.stop()
                     if srv.proc is not None:
                         self.res(srv.spec.key)["exit_code"] = srv.proc.returncode
+                    with contextlib.suppress(OSError):
+                        facts = an.log_facts(srv.log_path.read_text(errors="replace"))
+                        self.res(srv.spec.key)["log"] = facts
                 self.report.meta["total_s"] = round(time.monotonic() - self.t0, 1)
                 self.evaluate()
                 self.save()

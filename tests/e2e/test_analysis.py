@@ -134,3 +134,23 @@ def test_markdown_report_shows_servers_bars_and_agreement() -> None:
     assert "| b8 | (b) FP8 KV, patched | 8 |" in md
     assert "| 1.020 |" in md  # patched/BF16 single stream
     assert "| x | 1/2 | 0.750 | =, 1 |" in md
+
+
+LOG = """\
+glmserve.launch: self-test passed: 7 cases bit-identical to the full cast
+[2026-11-29 18:40:01] max_total_num_tokens=495552, chunked_prefill_size=8192, max_prefill_tokens=16384
+[2026-11-29 18:40:09] Capture cuda graph bs [1, 2, 4, 8]
+[2026-11-29 18:41:00] Decode batch, #running-req: 1, #token: 150, token usage: 0.00, cuda graph: True, gen throughput (token/s): 812.33, #queue-req: 0
+[2026-11-29 18:41:01] Decode batch, #running-req: 9, #token: 900, token usage: 0.00, cuda graph: False, gen throughput (token/s): 99.00, #queue-req: 0
+[2026-11-29 18:41:02] Decode batch, #running-req: 8, #token: 800, token usage: 0.00, cuda graph: True, gen throughput (token/s): 5000.00, #queue-req: 0
+"""
+
+
+def test_log_facts_reads_pool_graphs_and_selftest() -> None:
+    facts = an.log_facts(LOG)
+    assert facts["max_total_num_tokens"] == 495552
+    assert facts["capture_bs"] == [1, 2, 4, 8]
+    assert (facts["decode_lines_graph"], facts["decode_lines_eager"]) == (2, 1)
+    assert facts["selftest"].startswith("self-test passed")
+    empty = an.log_facts("nothing here")
+    assert empty["max_total_num_tokens"] is None and empty["selftest"] is None
