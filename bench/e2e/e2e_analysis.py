@@ -277,6 +277,14 @@ def evaluate_group(
                             "all", agree.identical == agree.prompts))  # fmt: skip
         else:
             bars.append(Bar("(a) == (b) greedy tokens", None, "all", None))
+    pools = {
+        s.key: (results.get(s.key, {}).get("log") or {}).get("max_total_num_tokens") for s in specs
+    }
+    if any(v is not None for v in pools.values()):
+        # SGLang silently shrinks the pool when memory is short; the ratios assume the seed's.
+        wrong = sorted(k for k, v in pools.items() if v is not None and v != MAX_TOTAL_TOKENS)
+        bars.append(Bar(f"pool = {MAX_TOTAL_TOKENS} on every server", ", ".join(wrong) or "all",
+                        "all", not wrong))  # fmt: skip
     for key, r in results.items():
         if key not in {s.key for s in specs}:
             continue

@@ -106,7 +106,14 @@ def test_bars_pass_and_fail_on_the_numbers() -> None:
     assert bars["(a) == (b) greedy tokens"].passed is True
     assert bars["b8: canary/client/server TPOT spread"].value == pytest.approx(0.03)
 
-    bad = {b.name: b for b in an.evaluate_group(_results(1.2e-3, [[1, 2], [3, 5]]), specs)}
+    assert not any(name.startswith("pool") for name in bars)  # no log facts: no pool bar
+
+    bad_res = _results(1.2e-3, [[1, 2], [3, 5]])
+    bad_res["c8"]["log"] = {"max_total_num_tokens": 400_000}
+    bad_res["b8"]["log"] = {"max_total_num_tokens": an.MAX_TOTAL_TOKENS}
+    bad = {b.name: b for b in an.evaluate_group(bad_res, specs)}
+    assert bad[f"pool = {an.MAX_TOTAL_TOKENS} on every server"].passed is False
+    assert bad[f"pool = {an.MAX_TOTAL_TOKENS} on every server"].value == "c8"
     assert bad["patched/BF16 TPOT, 1 stream"].passed is False
     assert bad["(a) == (b) greedy tokens"].passed is False
     assert bad["(a) == (b) greedy tokens"].value == "1/2 prompts"
