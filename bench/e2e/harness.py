@@ -322,6 +322,10 @@ class Run:
             env["GLMSERVE_BUILD_INFO"] = str(build_info)
             if a.mode == "device":
                 env["CUDA_VISIBLE_DEVICES"] = spec.gpus
+            if spec.tp > 1:
+                # The GPUs are shared on purpose (other servers of the plan sit on them), so the
+                # free memory differs between ranks; SGLang would refuse that by default.
+                env["SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK"] = "0"
             else:
                 env["GLMSERVE_EMULATOR_FP8_GATHER"] = spec.fp8_gather
             paths = {
