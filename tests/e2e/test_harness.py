@@ -25,6 +25,16 @@ assert _spec and _spec.loader
 harness = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(harness)
 
+# The root conftest's require(): skip locally, fail in CI (loaded by file: other test folders
+# have their own conftest modules).
+_conf_spec = importlib.util.spec_from_file_location(
+    "e2e_root_conftest", REPO / "tests" / "conftest.py"
+)
+assert _conf_spec and _conf_spec.loader
+_conf = importlib.util.module_from_spec(_conf_spec)
+_conf_spec.loader.exec_module(_conf)
+require = _conf.require
+
 
 def _host(environ: dict[str, str]) -> Host:
     """The launcher's host double: SGLang 0.5.12.post1 patched, never imported or started.
@@ -131,3 +141,36 @@ def test_deadline_skips_phases_and_says_so(tmp_path: Path) -> None:
     skipped = [n for n in data["notes"] if n.startswith("skipped ")]
     assert len(skipped) == len({n.split(":")[0] for n in skipped}) >= 4
     assert all(b["passed"] is None for b in data["bars"].get("tp1-8L", []))
+
+
+def test_pass_through_flags_exist_in_the_pinned_sglang() -> None:
+    """Our flags after '--' are not checked by the launcher; read them against the real wheel's
+    server_args.py (never imported: it needs torch/CUDA), so a typo fails here, not on the H200."""
+    import ast
+    import zipfile
+
+    from glmserve.patching.errors import PatchError
+    from glmserve.patching.wheels import default_cache_dir, fetch_wheel
+
+    try:
+        wheel = fetch_wheel("0.5.12.post1", default_cache_dir())
+    except PatchError as exc:
+        require(False, f"cannot get the sglang 0.5.12.post1 wheel: {exc}")
+    with zipfile.ZipFile(wheel) as zf:
+        tree = ast.parse(zf.read("sglang/srt/server_args.py").decode())
+    known: dict[str, ast.Call] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+            for a in node.args:
+                if isinstance(a, ast.Constant) and str(a.value).startswith("--"):
+                    known[a.value] = node
+    assert len(known) > 300  # the walk saw the real parser
+    paths = {"model": Path("m"), "profiles": Path("p"), "build_info": Path("b")}
+    for spec in an.plan_servers(2):
+        argv = harness.launch_argv(spec, "device", paths, "python")
+        passed = argv[argv.index("--") + 1 :]
+        flags = [a for a in passed if a.startswith("--")]
+        assert flags and all(f in known for f in flags), [f for f in flags if f not in known]
+        kv = known["--kv-cache-dtype"]
+        choices = next(k.value for k in kv.keywords if k.arg == "choices")
+        assert spec.kv_cache_dtype in {c.value for c in choices.elts}
