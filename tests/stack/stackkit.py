@@ -214,3 +214,25 @@ class Stack:
                 return result
             time.sleep(1)
         pytest.fail(f"PromQL {expr!r} returned no series within {timeout_s:.0f}s", pytrace=False)
+
+
+def image_files(image: str, pattern: str) -> list[str]:
+    """Paths in `image` whose name matches `pattern` (find -name)."""
+    proc = run(
+        [
+            "docker",
+            "run",
+            "--rm",
+            "--entrypoint",
+            "sh",
+            image,
+            "-c",
+            f"find / -xdev -name '{pattern}' 2>/dev/null || true",
+        ],
+        timeout=120,
+    )
+    return [line for line in proc.stdout.splitlines() if line.strip()]
+
+
+# One per session: filled by the fixtures, printed by conftest's terminal-summary hook.
+TIMINGS = Timings()

@@ -1,0 +1,121 @@
+"""The real Dockerfile's `server` stage, built on a local base holding the pinned SGLang wheel (no
+GPU deps): the patch series is applied to real SGLang source during the build, then the image's
+own preflight and the launcher's --dry-run run inside it for every profile."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from stackkit import REPO, dockerfile_arg, image_files, lock_build_args, run
+
+pytestmark = pytest.mark.stack
+
+PROFILES = sorted(p.stem for p in (REPO / "entrypoint" / "profiles").glob("*.json"))
+FAKE_GLM5 = REPO / "tests" / "fixtures" / "glm5-nvfp4"
+
+
+def docker_run(
+    image: str, *args: str, entrypoint: str | None = None, mounts: dict[Path, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    argv = ["docker", "run", "--rm", "--network", "none"]
+    for host, target in (mounts or {}).items():
+        argv += ["-v", f"{host}:{target}:ro"]
+    if entrypoint:
+        argv += ["--entrypoint", entrypoint]
+    return run([*argv, image, *args], check=False, timeout=120)
+
+
+def sglang_site(image: str) -> str:
+    proc = run(
+        ["docker", "run", "--rm", "--entrypoint", "cat", image, "/opt/glmserve-build/sglang-site"]
+    )
+    return proc.stdout.strip()
+
+
+def profile_data(name: str) -> dict[str, Any]:
+    return json.loads((REPO / "entrypoint" / "profiles" / f"{name}.json").read_text())
+
+
+def test_labels_name_sglang_and_the_applied_series(server_image: str) -> None:
+    labels = json.loads(
+        run(["docker", "inspect", "--format", "{{json .Config.Labels}}", server_image]).stdout
+    )
+    want = lock_build_args()
+    assert labels["io.glmserve.sglang.version"] == dockerfile_arg("SGLANG_VERSION")
+    assert labels["io.glmserve.patch.series"] == want["PATCH_SERIES"]
+    assert labels["io.glmserve.patch.lock-sha256"] == want["PATCH_LOCK_SHA256"]
+
+
+def test_entrypoint_is_the_launcher_without_a_shell(server_image: str) -> None:
+    entry = json.loads(
+        run(["docker", "inspect", "--format", "{{json .Config.Entrypoint}}", server_image]).stdout
+    )
+    assert entry == ["python3", "-m", "glmserve.launch"]
+
+
+def test_marker_records_the_lock_the_build_applied(server_image: str) -> None:
+    site = sglang_site(server_image)
+    proc = docker_run(server_image, f"{site}/sglang/.glmserve-patch.json", entrypoint="cat")
+    assert proc.returncode == 0, proc.stderr
+    marker = json.loads(proc.stdout)
+    assert marker["sglang_version"] == dockerfile_arg("SGLANG_VERSION")
+    assert marker["lock_sha256"] == lock_build_args()["PATCH_LOCK_SHA256"]
+    assert "sglang/srt/layers/attention/fp8_kv_gather.py" in marker["files"]
+
+
+def test_preflight_passes_in_the_image(server_image: str) -> None:
+    """The same check the build ran, re-run in the final image (static part: no torch here)."""
+    site = sglang_site(server_image)
+    proc = docker_run(
+        server_image,
+        "-m",
+        "glmserve.patching.verify",
+        "--target",
+        site,
+        "--no-import",
+        entrypoint="python3",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ok" in proc.stdout
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_launcher_dry_run_in_the_image(server_image: str, profile: str) -> None:
+    """Each shipped profile validates inside the image and yields an argv for sglang.launch_server.
+
+    GLM-5 profiles get the fake GLM-5-NVFP4 dir (real config fields, no weights) at /model; the
+    tiny MLA profiles use the model shipped in the image. GPUs are not probed by --dry-run.
+    """
+    data = profile_data(profile)
+    args = ["--profile", profile, "--dry-run"]
+    mounts: dict[Path, str] = {}
+    if data["model"].get("default_path") is None:
+        mounts[FAKE_GLM5] = "/model"
+        args += ["--model-path", "/model"]
+    proc = docker_run(server_image, *args, mounts=mounts)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    argv = report["argv"]
+    assert argv[1:3] == ["-m", "sglang.launch_server"], argv
+    for flag in data["args"]:
+        assert flag in argv, (flag, argv)
+    assert report["sglang"]["version"] == dockerfile_arg("SGLANG_VERSION")
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"
+
+
+def test_launcher_refuses_an_unknown_profile_in_one_line(server_image: str) -> None:
+    proc = docker_run(server_image, "--profile", "no-such-profile", "--dry-run")
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert PROFILES[0] in lines[0]
+
+
+def test_build_time_ca_is_not_in_the_server_image(server_image: str) -> None:
+    assert image_files(server_image, "os-release")  # control: the search itself works
+    assert image_files(server_image, "host-ca-bundle.crt") == []
+    assert image_files(server_image, "build-ca*") == []
