@@ -18,7 +18,7 @@ echo "unpacked in $(( $(date +%s) - T0 )) s; $(nvidia-smi -L | tr '\n' ' ')"
 python3 bench/e2e/harness.py --mode device --out "$OUT" --model-dir /tmp/e2e/models --profiles-dir /tmp/e2e/profiles "$@" 2>&1 | tee "$OUT/harness.log"
 rc=${PIPESTATUS[0]}
 cp /tmp/e2e/site/.e2e-bundle.json "$OUT/bundle.json" 2>/dev/null
-( cd "$OUT" && tar -cJf logs.tar.xz logs buildinfo 2>/dev/null && rm -rf logs buildinfo )
+( cd "$OUT" && tar -cJf logs.tar.xz $(ls -d logs buildinfo 2>/dev/null) && rm -rf logs buildinfo )
 # JIT caches for the next call; only if they fit one returned file (16 MiB).
 ( cd "$HOME" && tar -cJf /tmp/jit.tar.xz .cache/flashinfer .cache/tvm-ffi .triton 2>/dev/null ) \
   && [ "$(stat -c %s /tmp/jit.tar.xz)" -lt 16000000 ] && cp /tmp/jit.tar.xz "$OUT/jit.tar.xz"

@@ -533,8 +533,9 @@ class Run:
                 # so that their start-up (CPU-heavy) does not overlap the core timings.
                 self.wait_ready(http, [k for k in keys if k not in core], budget_s=a.extra_wait_s)
                 self.save()
-                for phase in self.phases(vocab):
-                    name, need_s, fn = phase
+                for name, need_s, keys_of_phase, fn in self.phases(vocab):
+                    if not self.ready(keys_of_phase):
+                        continue  # nothing to measure: the server errors are already recorded
                     if self.left() < need_s:
                         self.report.notes.append(
                             f"skipped {name}: {self.left():.0f} s left, needs ~{need_s:.0f} s"
@@ -581,8 +582,9 @@ class Run:
             specs = [replace(s, port=free_port()) for s in specs]
         return specs
 
-    def phases(self, vocab: int) -> list[tuple[str, float, Callable[[Any], None]]]:
-        """(name, seconds it needs, function) in priority order; skipped when time runs short."""
+    def phases(self, vocab: int) -> list[tuple[str, float, list[str], Callable[[Any], None]]]:
+        """(name, seconds it needs, servers, function) in priority order; a phase is skipped
+        when time runs short or none of its servers is up."""
         a = self.args
         g8 = [s.key for s in self.specs if s.group == "tp1-8L"]
         deep = [s.key for s in self.specs if s.group.startswith("tp1-") and s.key not in g8]
@@ -590,17 +592,17 @@ class Run:
         prompts = an.make_prompts(a.prompts, vocab)
         deep_prompts = prompts[:: max(1, len(prompts) // 4)][:4]
         return [
-            ("greedy-8L", 30, lambda h: self.phase_greedy(h, g8, prompts, a.greedy_tokens)),
-            ("single-8L", 30, lambda h: self.phase_single(h, g8, a.reps, a.tokens)),
-            ("conc-8L", 30, lambda h: self.phase_concurrent(g8, a.conc_reps, 8, a.tokens)),
-            ("canary-8L", 15, lambda _h: self.phase_canary(g8, a.canary_n, a.tokens)),
-            ("single-deep", 60, lambda h: self.phase_single(h, deep, 3, 64)),
-            ("greedy-deep", 40, lambda h: self.phase_greedy(h, deep, deep_prompts, 16)),
-            ("canary-deep", 30, lambda _h: self.phase_canary(deep, 2, 64)),
-            ("greedy-tp2", 25, lambda h: self.phase_greedy(h, tp2, prompts, a.greedy_tokens)),
-            ("single-tp2", 20, lambda h: self.phase_single(h, tp2, a.reps, a.tokens)),
-            ("conc-tp2", 20, lambda _h: self.phase_concurrent(tp2, a.conc_reps, 8, a.tokens)),
-            ("canary-tp2", 10, lambda _h: self.phase_canary(tp2, a.canary_n, a.tokens)),
+            ("greedy-8L", 30, g8, lambda h: self.phase_greedy(h, g8, prompts, a.greedy_tokens)),
+            ("single-8L", 30, g8, lambda h: self.phase_single(h, g8, a.reps, a.tokens)),
+            ("conc-8L", 30, g8, lambda _h: self.phase_concurrent(g8, a.conc_reps, 8, a.tokens)),
+            ("canary-8L", 15, g8, lambda _h: self.phase_canary(g8, a.canary_n, a.tokens)),
+            ("single-deep", 60, deep, lambda h: self.phase_single(h, deep, 3, 64)),
+            ("greedy-deep", 40, deep, lambda h: self.phase_greedy(h, deep, deep_prompts, 16)),
+            ("canary-deep", 30, deep, lambda _h: self.phase_canary(deep, 2, 64)),
+            ("greedy-tp2", 25, tp2, lambda h: self.phase_greedy(h, tp2, prompts, a.greedy_tokens)),
+            ("single-tp2", 20, tp2, lambda h: self.phase_single(h, tp2, a.reps, a.tokens)),
+            ("conc-tp2", 20, tp2, lambda _h: self.phase_concurrent(tp2, a.conc_reps, 8, a.tokens)),
+            ("canary-tp2", 10, tp2, lambda _h: self.phase_canary(tp2, a.canary_n, a.tokens)),
         ]
 
 

@@ -137,9 +137,15 @@ def test_emulator_dry_run_covers_every_phase_and_stops_servers(tmp_path: Path) -
 
 
 def test_deadline_skips_phases_and_says_so(tmp_path: Path) -> None:
-    data = _run_dry(tmp_path, "--deadline-s", "0")
-    skipped = [n for n in data["notes"] if n.startswith("skipped ")]
-    assert len(skipped) == len({n.split(":")[0] for n in skipped}) >= 4
+    # Every 8-layer phase asks for >= 15 s; 12 s of deadline covers only the start-up.
+    data = _run_dry(tmp_path, "--deadline-s", "12")
+    servers = data["servers"]
+    assert all("tpot_1" not in r and "greedy_ids" not in r for r in servers.values())
+    if any(r.get("ready_s") is not None for r in servers.values()):
+        skipped = [n for n in data["notes"] if n.startswith("skipped ")]
+        assert len(skipped) == 4, data["notes"]  # greedy, single, conc and canary of tp1-8L
+    else:  # a very slow machine: nothing came up in time, and each server says so
+        assert all("error" in r for r in servers.values())
     assert all(b["passed"] is None for b in data["bars"].get("tp1-8L", []))
 
 
