@@ -28,55 +28,120 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from uvicorn._compat import asyncio_run
+
 from glmserve.emulator.testing import start_process
 from glmserve.streaming import StreamError, StreamRequest, StreamTimer, summarize
+
+try:
+    import uvloop
+except ImportError:  # the client falls back to asyncio's loop
+    uvloop = None
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+class StreamProtocol(asyncio.Protocol):
+    """One HTTP/1.1 request; de-chunks the body and feeds it to a StreamTimer as it arrives.
+
+    A Protocol (callbacks, no coroutine per read) keeps the client's CPU cost per event low:
+    on 2 cores the client competes with the server, and a starved client timestamps late.
+    """
+
+    def __init__(self, request: bytes, start_at: float, done: asyncio.Future[StreamTimer]) -> None:
+        self.request, self.start_at, self.done = request, start_at, done
+        self.timer: StreamTimer | None = None
+        self.buf = b""
+        self.headers_done = False
+        self.need = -1  # bytes left in the current chunk (+2 for CRLF); -1: reading a size line
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+        loop = asyncio.get_running_loop()
+        loop.call_at(loop.time() + max(0.0, self.start_at - time.perf_counter()), self._send)
+
+    def _send(self) -> None:
+        assert self.transport is not None
+        self.timer = StreamTimer(time.perf_counter())
+        self.transport.write(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        now = time.perf_counter()
+        self.buf += data
+        if not self.headers_done:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head, self.buf = self.buf[:end], self.buf[end + 4 :]
+            if b" 200 " not in head.split(b"\r\n", 1)[0]:
+                self._fail(StreamError("http_status", head.split(b"\r\n", 1)[0].decode()))
+                return
+            self.headers_done = True
+        payload = []
+        while True:
+            if self.need < 0:
+                nl = self.buf.find(b"\r\n")
+                if nl < 0:
+                    break
+                size = int(self.buf[:nl].split(b";")[0], 16)
+                self.buf = self.buf[nl + 2 :]
+                if size == 0:
+                    self._finish(payload, now)
+                    return
+                self.need = size + 2
+            if len(self.buf) < self.need:
+                break
+            payload.append(self.buf[: self.need - 2])
+            self.buf = self.buf[self.need :]
+            self.need = -1
+        if payload and self.timer is not None:
+            try:
+                self.timer.feed(b"".join(payload), now=now)
+            except StreamError as exc:
+                self._fail(exc)
+
+    def _finish(self, payload: list[bytes], now: float) -> None:
+        assert self.timer is not None
+        if payload:
+            self.timer.feed(b"".join(payload), now=now)
+        if not self.done.done():
+            self.done.set_result(self.timer)
+        if self.transport is not None:
+            self.transport.close()
+
+    def _fail(self, exc: Exception) -> None:
+        if not self.done.done():
+            self.done.set_exception(exc)
+        if self.transport is not None:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_exception(StreamError("broken_stream", str(exc or "closed early")))
+
+
 async def one_stream(
-    host: str, port: int, body: bytes, path: str, start_at: float
-) -> tuple[StreamTimer, float]:
-    """Send one request at `start_at` (perf_counter); feed the body into a StreamTimer."""
-    reader, writer = await asyncio.open_connection(host, port)
-    head = (
+    host: str, port: int, body: bytes, path: str, start_at: float, timeout_s: float
+) -> StreamTimer:
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[StreamTimer] = loop.create_future()
+    request = (
         f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    ).encode()
-    delay = start_at - time.perf_counter()
-    if delay > 0:
-        await asyncio.sleep(delay)
-    t0 = time.perf_counter()
-    timer = StreamTimer(t0)
-    writer.write(head + body)
-    await writer.drain()
-    status_line = await reader.readline()
-    if b" 200 " not in status_line:
-        raise StreamError("http_status", status_line.decode(errors="replace").strip())
-    chunked = False
-    while True:
-        line = await reader.readline()
-        if line in (b"\r\n", b""):
-            break
-        if line.lower().startswith(b"transfer-encoding:") and b"chunked" in line.lower():
-            chunked = True
-    if not chunked:
-        raise StreamError("malformed_sse", "expected a chunked SSE body")
-    while True:
-        size_line = await reader.readline()
-        if not size_line:
-            break
-        size = int(size_line.strip().split(b";")[0], 16)
-        if size == 0:
-            await reader.readline()
-            break
-        data = await reader.readexactly(size + 2)
-        timer.feed(data[:-2])
-    writer.close()
-    return timer, t0
+    ).encode() + body
+    transport, _ = await loop.create_connection(
+        lambda: StreamProtocol(request, start_at, done), host, port
+    )
+    try:
+        return await asyncio.wait_for(done, timeout_s)
+    finally:
+        transport.close()
 
 
-async def run_level(url: str, concurrency: int, tokens: int, stagger_s: float) -> dict:
+async def run_level(
+    url: str, concurrency: int, tokens: int, stagger_s: float, timeout_s: float = 120.0
+) -> dict:
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     req = StreamRequest(route="chat", prompt="accuracy", max_tokens=tokens, ignore_eos=True)
@@ -85,14 +150,15 @@ async def run_level(url: str, concurrency: int, tokens: int, stagger_s: float) -
     base = time.perf_counter() + 0.2
     starts = [base + stagger_s * i / max(concurrency, 1) for i in range(concurrency)]
     results = await asyncio.gather(
-        *(one_stream(host, port, body, req.path, s) for s in starts), return_exceptions=True
+        *(one_stream(host, port, body, req.path, s, timeout_s) for s in starts),
+        return_exceptions=True,
     )
     timings, failures = [], []
     for r in results:
         if isinstance(r, BaseException):
             failures.append(repr(r))
             continue
-        timer, _ = r
+        timer = r
         try:
             timings.append(timer.finish())
         except StreamError as exc:
@@ -146,9 +212,11 @@ def main(argv: list[str] | None = None) -> int:
     load_before = loadavg()
     emu = start_process(emu_args)
     levels = []
+    factory = uvloop.new_event_loop if uvloop is not None else None
     try:
         for c in args.concurrency:
-            levels.append(asyncio.run(run_level(emu.url, c, args.tokens, args.stagger_s)))
+            coro = run_level(emu.url, c, args.tokens, args.stagger_s)
+            levels.append(asyncio_run(coro, loop_factory=factory))
     finally:
         emu.stop()
     load_after = loadavg()

@@ -212,3 +212,38 @@ def test_stream_request_payload_from_streaming_module_is_served(emu, client):
         timer.feed(raw, now=0.5)
         timing = timer.finish(now=0.5)
         assert timing.output_tokens == 5, route
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+@pytest.mark.parametrize("model", ["glm", 'odd "name" \u00e9'])
+def test_hot_path_chunks_equal_the_reference_builders(continuous, model):
+    """The pre-rendered chunks are byte-identical to the generic (dict -> JSON) builders."""
+    from glmserve.emulator import protocol as P
+    from glmserve.emulator.app import ChatRenderer, CompletionRenderer
+    from glmserve.emulator.config import EmulatorConfig
+    from glmserve.emulator.engine import GenRequest, OutputBatch
+
+    cfg = EmulatorConfig()
+    parsed = P.ParsedRequest("chat", model, True, 12, "k", 9, True, True, continuous)
+    req = GenRequest(prompt_tokens=12, output_tokens=9, finish="stop")
+    u = P.usage(12, 5) if continuous else None
+    chat = ChatRenderer(parsed, req, cfg).content_chunk(5, 3)
+    ref = P.chat_chunk(req.rid, model, {"content": P.tokens_text(2, 3)}, usage_obj=u)
+    assert _drop_created(chat) == _drop_created(ref)
+    comp = CompletionRenderer(parsed, req, cfg)
+    for batch, finish in (
+        (OutputBatch(3, 5, False, 0.0), None),
+        (OutputBatch(4, 9, True, 0.0), "stop"),
+    ):
+        got = comp.batch(batch)[0]
+        u = P.usage(12, batch.completion_tokens) if continuous else None
+        matched = cfg.eos_token_id if finish else None
+        text = P.tokens_text(batch.completion_tokens - batch.new_tokens, batch.new_tokens)
+        want = P.completion_chunk(req.rid, model, comp.created, text, finish, matched, u)
+        assert got == want
+
+
+def _drop_created(chunk: bytes) -> bytes:
+    import re
+
+    return re.sub(rb'"created":\d+', b'"created":0', chunk)

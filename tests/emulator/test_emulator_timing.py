@@ -53,8 +53,8 @@ def run_engine(config: EmulatorConfig, n: int, lateness: list[float]) -> tuple[l
 
 @pytest.mark.parametrize("k", [1, 3, 4])
 def test_deadlines_are_absolute_and_late_wakeups_do_not_accumulate(k):
-    """Token e is due at t_admit + ttft + e*tpot, whatever the earlier wake-ups' lateness; a
-    chunk is sent when its last token is due."""
+    """Token e >= 1 is due at t_first + e*tpot (t_first: when token 0 really left), whatever
+    the later wake-ups' lateness; a chunk is sent when its last token is due."""
     cfg = EmulatorConfig(tpot_ms=20.0, ttft_ms=200.0, tokens_per_chunk=k)
     rng = random.Random(7)
     lateness = [rng.uniform(0, 0.015) for _ in range(100)]
@@ -62,7 +62,9 @@ def test_deadlines_are_absolute_and_late_wakeups_do_not_accumulate(k):
     batches, deadlines, _ = run_engine(cfg, n, lateness)
     t_admit = 1000.0
     ends = [0, *range(k, n - 1, k), n - 1] if (n - 1) % k else [0, *range(k, n, k)]
-    expected = [t_admit + 0.2 + e * 0.02 for e in ends]
+    # later tokens count from the first token's real departure (deadline + its lateness)
+    t_first = t_admit + 0.2 + lateness[0]
+    expected = [t_admit + 0.2] + [t_first + e * 0.02 for e in ends[1:]]
     assert deadlines == pytest.approx(expected, abs=1e-9)
     assert [b.new_tokens for b in batches] == [1] + [e2 - e1 for e1, e2 in itertools.pairwise(ends)]
     assert batches[-1].completion_tokens == n and batches[-1].finished

@@ -50,22 +50,34 @@ class ChatRenderer:
     def __init__(self, parsed: P.ParsedRequest, req: GenRequest, config: EmulatorConfig) -> None:
         self.p, self.req, self.cfg = parsed, req, config
         self.first = True
+        # Hot path (one chunk per token per stream): the chunk's constant parts are rendered
+        # once; equal to protocol.chat_chunk byte for byte (tests/emulator check it).
+        self._pre = f'data: {{"id":"{req.rid}","object":"chat.completion.chunk","created":'
+        self._mid = (
+            f',"model":{P.dumps(parsed.model)},"choices":[{{"index":0,"delta":'
+            '{"reasoning_content":null,"content":'
+        )
+        self._tail = '},"logprobs":null,"finish_reason":null,"matched_stop":null}]'
+
+    def content_chunk(self, completion_tokens: int, new_tokens: int) -> bytes:
+        text = P.dumps(P.tokens_text(completion_tokens - new_tokens, new_tokens))
+        if self.p.continuous_usage:
+            u = P.usage_json(self.req.prompt_tokens, completion_tokens)
+            end = f',"usage":{u}}}\n\n'
+        else:
+            end = "}\n\n"
+        created = int(time.time())
+        return f"{self._pre}{created}{self._mid}{text}{self._tail}{end}".encode()
 
     def batch(self, b: OutputBatch) -> list[bytes]:
         out = []
-        rid, model = self.req.rid, self.p.model
         if self.first:
             self.first = False
             if self.cfg.role_chunk:
-                out.append(P.chat_chunk(rid, model, {"role": "assistant", "content": ""}))
+                delta = {"role": "assistant", "content": ""}
+                out.append(P.chat_chunk(self.req.rid, self.p.model, delta))
         if b.new_tokens:
-            u = (
-                P.usage(self.req.prompt_tokens, b.completion_tokens)
-                if self.p.continuous_usage
-                else None
-            )
-            text = P.tokens_text(b.completion_tokens - b.new_tokens, b.new_tokens)
-            out.append(P.chat_chunk(rid, model, {"content": text}, usage_obj=u))
+            out.append(self.content_chunk(b.completion_tokens, b.new_tokens))
         return out
 
     def end(self) -> list[bytes]:
@@ -84,18 +96,29 @@ class CompletionRenderer:
     def __init__(self, parsed: P.ParsedRequest, req: GenRequest, config: EmulatorConfig) -> None:
         self.p, self.req, self.cfg = parsed, req, config
         self.created = int(time.time())
+        # Hot path, see ChatRenderer: equal to protocol.completion_chunk byte for byte.
+        self._pre = (
+            f'data: {{"id":"{req.rid}","object":"text_completion","created":{self.created},'
+            f'"model":{P.dumps(parsed.model)},"choices":[{{"index":0,"text":'
+        )
 
     def batch(self, b: OutputBatch) -> list[bytes]:
+        text = P.dumps(P.tokens_text(b.completion_tokens - b.new_tokens, b.new_tokens))
+        if b.finished:
+            finish = P.dumps(self.req.finish)
+            matched = P.dumps(P.matched_stop(self.req, self.cfg))
+        else:
+            finish = matched = "null"
         u = (
-            P.usage(self.req.prompt_tokens, b.completion_tokens)
+            P.usage_json(self.req.prompt_tokens, b.completion_tokens)
             if self.p.continuous_usage
-            else None
+            else "null"
         )
-        text = P.tokens_text(b.completion_tokens - b.new_tokens, b.new_tokens)
-        finish = self.req.finish if b.finished else None
-        matched = P.matched_stop(self.req, self.cfg) if b.finished else None
         return [
-            P.completion_chunk(self.req.rid, self.p.model, self.created, text, finish, matched, u)
+            (
+                f'{self._pre}{text},"logprobs":null,"finish_reason":{finish},'
+                f'"matched_stop":{matched}}}],"usage":{u}}}\n\n'
+            ).encode()
         ]
 
     def end(self) -> list[bytes]:

@@ -1,10 +1,12 @@
 """Scheduling and timing: who runs, who waits, and when each token is due.
 
 Timing is driven by ABSOLUTE deadlines. A request admitted at t_a has its first token due at
-t_a + ttft and token k due at (token k-1's due time) + step, where step is --tpot-ms (plus the
-cost model's term, if on). The stream sleeps until a deadline and re-checks the clock, so a late
-wake-up delays one event but never shifts the ones after it: sleep error does not accumulate,
-which is what keeps the measured TPOT on --tpot-ms at high concurrency.
+t_a + ttft. Token k >= 1 is due at t_1 + k * step, where t_1 is when the first token actually
+left and step is --tpot-ms (plus the cost model's term, if on). The stream sleeps until a
+deadline and re-checks the clock, so a late wake-up delays one event but never shifts the ones
+after it: sleep error does not accumulate, which is what keeps the measured TPOT on --tpot-ms at
+high concurrency. Anchoring on the first token's real departure puts start-up lateness (a burst
+of arrivals on a busy CPU) into TTFT instead of shortening the measured TPOT.
 
 With --tokens-per-chunk K the first output carries one token (the prefill's) and later outputs
 carry K tokens; an output is sent when its LAST token is due, so the k-th token still lands at
@@ -52,7 +54,7 @@ class GenRequest:
         return self.prompt_tokens + self.output_tokens
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class OutputBatch:
     """One output of the engine: `new_tokens` tokens, `completion_tokens` cumulative."""
 
@@ -180,11 +182,20 @@ class Engine:
             due = req.admitted + self.config.ttft_s
             await self._sleep_until(due)
             first = min(1, req.output_tokens)
-            yield self._emit(req, first)
+            out = self._emit(req, first)
+            # Later tokens are timed from when the first one actually left: a late first token
+            # (a burst of arrivals on a busy CPU) shows up in TTFT, not as a shorter TPOT.
+            due = max(due, out.t)
+            yield out
+            constant = not self.config.cost_model.enabled
+            tpot = self.config.tpot_s
             while req.generated < req.output_tokens:
                 batch = min(k, req.output_tokens - req.generated)
-                for _ in range(batch):
-                    due += self.step_s()
+                if constant:
+                    due += tpot * batch
+                else:
+                    for _ in range(batch):  # the step time follows the load token by token
+                        due += self.step_s()
                 await self._sleep_until(due)
                 yield self._emit(req, batch)
         finally:

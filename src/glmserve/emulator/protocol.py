@@ -374,6 +374,14 @@ def usage(prompt: int, completion: int) -> dict[str, Any]:
     }
 
 
+def usage_json(prompt: int, completion: int) -> str:
+    """dumps(usage(prompt, completion)) without building the dict (hot path)."""
+    return (
+        f'{{"prompt_tokens":{prompt},"total_tokens":{prompt + completion},'
+        f'"completion_tokens":{completion},"prompt_tokens_details":null,"reasoning_tokens":0}}'
+    )
+
+
 def finish_reason_json(req: GenRequest, config: EmulatorConfig) -> dict[str, Any]:
     if req.finish == "stop":
         return {"type": "stop", "matched": config.eos_token_id}
