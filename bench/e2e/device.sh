@@ -20,7 +20,7 @@ rc=${PIPESTATUS[0]}
 cp /tmp/e2e/site/.e2e-bundle.json "$OUT/bundle.json" 2>/dev/null
 ( cd "$OUT" && tar -cJf logs.tar.xz $(ls -d logs buildinfo 2>/dev/null) && rm -rf logs buildinfo )
 # JIT caches for the next call; only if they fit one returned file (16 MiB).
-( cd "$HOME" && tar -cJf /tmp/jit.tar.xz .cache/flashinfer .cache/tvm-ffi .triton 2>/dev/null ) \
+( cd "$HOME" && XZ_OPT="-T0 -3" timeout 90 tar -cJf /tmp/jit.tar.xz $(cd "$HOME" && ls -d .cache/flashinfer .cache/tvm-ffi .triton 2>/dev/null) ) \
   && [ "$(stat -c %s /tmp/jit.tar.xz)" -lt 16000000 ] && cp /tmp/jit.tar.xz "$OUT/jit.tar.xz"
 ls -la "$OUT"; echo "device.sh total $(( $(date +%s) - T0 )) s, harness rc=$rc"
 exit "$rc"

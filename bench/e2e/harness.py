@@ -630,7 +630,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--mode", choices=("device", "emulator"), required=True)
     p.add_argument("--out", required=True, help="results folder (e2e.json, e2e.md, logs/)")
     p.add_argument(
-        "--deadline-s", type=float, default=520.0, help="stop starting phases after this"
+        "--deadline-s", type=float, default=450.0, help="stop starting phases after this"
     )
     p.add_argument("--ready-budget-s", type=float, default=330.0)
     p.add_argument("--extra-wait-s", type=float, default=60.0)
@@ -649,9 +649,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--greedy-tokens", type=int, default=32)
     p.add_argument("--tokens", type=int, default=128, help="output tokens per timed stream")
-    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--reps", type=int, default=7)
     p.add_argument("--conc-reps", type=int, default=3)
-    p.add_argument("--canary-n", type=int, default=3)
+    p.add_argument("--canary-n", type=int, default=5)
     args = p.parse_args(argv)
     if args.gpus == 0:
         args.gpus = gpu_count() if args.mode == "device" else 1
