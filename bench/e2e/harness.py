@@ -379,12 +379,15 @@ class Run:
     ) -> None:
         for srv in self.ready(keys):
             t = time.monotonic()
+            r = self.res(srv.spec.key)
             try:
-                self.res(srv.spec.key)["greedy_ids"] = greedy_ids(
-                    http, srv.url, prompts, new_tokens
-                )
+                r["greedy_ids"] = greedy_ids(http, srv.url, prompts, new_tokens)
+                if srv.spec.variant == "fp8_patched":
+                    # Control: the same server again. If (b) repeats itself but differs from
+                    # (a), the difference is the patch, not run-to-run nondeterminism.
+                    r["greedy_ids_repeat"] = greedy_ids(http, srv.url, prompts, new_tokens)
             except Exception as exc:
-                self.res(srv.spec.key)["greedy_error"] = f"{type(exc).__name__}: {exc}"[:300]
+                r["greedy_error"] = f"{type(exc).__name__}: {exc}"[:300]
             log(
                 f"{srv.spec.key}: greedy {len(prompts)} prompts x {new_tokens} in {time.monotonic() - t:.1f} s"
             )
@@ -481,6 +484,12 @@ class Run:
                 if ids.get(x) and ids.get(y) and len(ids[x]) == len(ids[y]):
                     name = f"{grp}: {an.VARIANTS[x]['label'][:3]} vs {an.VARIANTS[y]['label'][:3]}"
                     self.report.agreement[name] = an.compare_tokens(ids[x], ids[y]).as_dict()
+            for s in specs:
+                r = self.report.servers.get(s.key, {})
+                if r.get("greedy_ids") and r.get("greedy_ids_repeat"):
+                    name = f"{grp}: {s.key} vs itself (repeat)"
+                    agree = an.compare_tokens(r["greedy_ids"], r["greedy_ids_repeat"])
+                    self.report.agreement[name] = agree.as_dict()
 
     def meta(self) -> None:
         m = self.report.meta

@@ -129,6 +129,7 @@ def test_emulator_dry_run_covers_every_phase_and_stops_servers(tmp_path: Path) -
         assert isinstance(bars[name]["value"], float)
     assert "glmserve.exporter.canary" in data["meta"]["canary_source"]
     assert "| tp1-8L: (a) vs (b) | 3/3 |" in data["_md"]
+    assert "| tp1-8L: b8 vs itself (repeat) | 3/3 |" in data["_md"]
     # Every server was stopped (and reaped) by the harness itself, not left to the caller.
     for r in servers.values():
         assert "glmserve.emulator" in r["argv"]
