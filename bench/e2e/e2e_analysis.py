@@ -277,6 +277,12 @@ def evaluate_group(
                             "all", agree.identical == agree.prompts))  # fmt: skip
         else:
             bars.append(Bar("(a) == (b) greedy tokens", None, "all", None))
+        ca, cb = a.get("greedy_ids_cached"), b.get("greedy_ids_cached")
+        if ca and cb and len(ca) == len(cb):
+            agree = compare_tokens(ca, cb)
+            bars.append(Bar("(a) == (b) greedy tokens, prefix-cached (paged extend)",
+                            f"{agree.identical}/{agree.prompts} prompts", "all",
+                            agree.identical == agree.prompts))  # fmt: skip
     pools = {
         s.key: (results.get(s.key, {}).get("log") or {}).get("max_total_num_tokens") for s in specs
     }

@@ -377,19 +377,31 @@ class Run:
     def phase_greedy(
         self, http: Any, keys: Sequence[str], prompts: list[list[int]], new_tokens: int
     ) -> None:
+        """Three passes, all at batch size 1 (every server runs the same CUDA graphs):
+
+        1. `greedy_ids`: cold radix cache, so prefill is FlashInfer's ragged path (no KV cast);
+        2. `greedy_ids_cached` (FP8 servers): the same prompts again, now a radix-cache prefix
+           hit, so prefill reads the cached prefix through the *paged* path, the extend-side
+           cast the patch also replaces;
+        3. `greedy_ids_repeat` (patched server only): cache flushed, pass 1 again. A control: if
+           (b) repeats itself but differs from (a), the difference is the patch, not noise.
+        """
         for srv in self.ready(keys):
             t = time.monotonic()
             r = self.res(srv.spec.key)
             try:
                 r["greedy_ids"] = greedy_ids(http, srv.url, prompts, new_tokens)
+                if srv.spec.kv_cache_dtype.startswith("fp8"):
+                    r["greedy_ids_cached"] = greedy_ids(http, srv.url, prompts, new_tokens)
                 if srv.spec.variant == "fp8_patched":
-                    # Control: the same server again. If (b) repeats itself but differs from
-                    # (a), the difference is the patch, not run-to-run nondeterminism.
+                    flushed = http.post(srv.url + "/flush_cache", timeout=30.0)
+                    r["flush_cache_status"] = flushed.status_code
                     r["greedy_ids_repeat"] = greedy_ids(http, srv.url, prompts, new_tokens)
             except Exception as exc:
                 r["greedy_error"] = f"{type(exc).__name__}: {exc}"[:300]
             log(
-                f"{srv.spec.key}: greedy {len(prompts)} prompts x {new_tokens} in {time.monotonic() - t:.1f} s"
+                f"{srv.spec.key}: greedy {len(prompts)} prompts x {new_tokens} in "
+                f"{time.monotonic() - t:.1f} s"
             )
 
     def phase_single(self, http: Any, keys: Sequence[str], reps: int, max_tokens: int) -> None:
@@ -484,6 +496,12 @@ class Run:
                 if ids.get(x) and ids.get(y) and len(ids[x]) == len(ids[y]):
                     name = f"{grp}: {an.VARIANTS[x]['label'][:3]} vs {an.VARIANTS[y]['label'][:3]}"
                     self.report.agreement[name] = an.compare_tokens(ids[x], ids[y]).as_dict()
+            cached = {s.variant: self.report.servers.get(s.key, {}).get("greedy_ids_cached")
+                      for s in specs}  # fmt: skip
+            a_c, b_c = cached.get("fp8_upstream"), cached.get("fp8_patched")
+            if a_c and b_c and len(a_c) == len(b_c):
+                name = f"{grp}: (a) vs (b), prefix-cached prompts (paged extend)"
+                self.report.agreement[name] = an.compare_tokens(a_c, b_c).as_dict()
             for s in specs:
                 r = self.report.servers.get(s.key, {})
                 if r.get("greedy_ids") and r.get("greedy_ids_repeat"):

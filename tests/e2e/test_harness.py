@@ -122,8 +122,11 @@ def test_emulator_dry_run_covers_every_phase_and_stops_servers(tmp_path: Path) -
         assert r["server_itl_mean"] > 0  # the emulator's sglang:inter_token_latency_seconds
         assert len(r["greedy_ids"]) == 3 and all(len(ids) == 6 for ids in r["greedy_ids"])
         assert r["build_info"]["source"] == "emulator"
+    assert len(servers["a8"]["greedy_ids_cached"]) == 3 and "greedy_ids_cached" not in servers["c8"]
+    assert "greedy_ids_repeat" in servers["b8"]
     bars = {b["name"]: b for b in data["bars"]["tp1-8L"]}
     assert bars["(a) == (b) greedy tokens"]["passed"] is True
+    assert bars["(a) == (b) greedy tokens, prefix-cached (paged extend)"]["passed"] is True
     for name in ("patched/BF16 TPOT, 1 stream", "patched/BF16 TPOT, 8 streams",
                  "patched/unpatched TPOT, 1 stream"):  # fmt: skip
         assert isinstance(bars[name]["value"], float)
