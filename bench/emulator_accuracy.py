@@ -9,7 +9,7 @@ The client is a minimal asyncio HTTP/1.1 reader (no httpx): on a 2-core machine 
 own CPU cost would otherwise be what we measure. Client and server run in separate processes.
 
     .venv/bin/python bench/emulator_accuracy.py                    # 1, 128, 256 streams
-    .venv/bin/python bench/emulator_accuracy.py --concurrency 1 128 --tokens 128 --write
+    .venv/bin/python bench/emulator_accuracy.py --concurrency 1 128 --tokens 256 --write
 
 --write stores bench/results/emulator-accuracy-<date>.{json,md}.
 """
@@ -194,10 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tpot-ms", type=float, default=20.0)
     ap.add_argument("--ttft-ms", type=float, default=200.0)
-    ap.add_argument("--tokens", type=int, default=128, help="output tokens per request")
+    ap.add_argument("--tokens", type=int, default=512, help="output tokens per request")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 128, 256])
     ap.add_argument("--tokens-per-chunk", type=int, default=1)
-    ap.add_argument("--stagger-s", type=float, default=0.5)
+    ap.add_argument("--stagger-s", type=float, default=1.0, help="spread of stream starts")
     ap.add_argument("--write", action="store_true", help="write bench/results files")
     ap.add_argument("--note", default="", help="free text for the .md (e.g. machine load)")
     args = ap.parse_args(argv)
