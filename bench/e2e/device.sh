@@ -8,6 +8,13 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/e2e-out}; mkdir -p "$OUT"
 T0=$(date +%s)
+# Servers of an earlier call that was killed at its time limit (same warm machine): stop their
+# process groups by the ids that harness recorded, so ports and GPU memory are free again.
+export E2E_PGID_FILE=/tmp/e2e-server-pgids
+if [ -f "$E2E_PGID_FILE" ]; then
+  while read -r g; do kill -TERM -- "-$g" 2>/dev/null; done < "$E2E_PGID_FILE"; sleep 5
+  while read -r g; do kill -KILL -- "-$g" 2>/dev/null; done < "$E2E_PGID_FILE"; rm -f "$E2E_PGID_FILE"
+fi
 mkdir -p /tmp/e2e && tar -xJf .cache/e2e/e2e.tar.xz -C /tmp/e2e || { echo "no bundle: run bench/e2e/build_bundle.sh" >&2; exit 2; }
 JIT=${E2E_JIT:-.cache/e2e/jit.tar.xz}
 if [ -f "$JIT" ]; then tar -xJf "$JIT" -C "$HOME" && echo "JIT cache restored from $JIT"; fi

@@ -122,6 +122,12 @@ class Server:
             self.argv, env=self.env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
         )
         fh.close()
+        # A run killed at the device tool's limit cannot stop its servers (they have their own
+        # sessions); the next device.sh reads this file and stops these groups by id.
+        pid_file = os.environ.get("E2E_PGID_FILE")
+        if pid_file:
+            with open(pid_file, "a") as f:
+                f.write(f"{self.proc.pid}\n")
 
     def poll_ready(self, http: Any) -> bool:
         """True once /health answers 200 (SGLang: after its own warm-up request)."""
