@@ -12,7 +12,13 @@ from glmserve.loadtest.stages import Stage, StagePlayer, plan, sweep_levels, tic
 
 @pytest.mark.parametrize(
     ("n", "levels"),
-    [(1, [1]), (2, [1, 2]), (4, [1, 2, 4]), (6, [1, 2, 4, 6]), (128, [1, 2, 4, 8, 16, 32, 64, 128])],
+    [
+        (1, [1]),
+        (2, [1, 2]),
+        (4, [1, 2, 4]),
+        (6, [1, 2, 4, 6]),
+        (128, [1, 2, 4, 8, 16, 32, 64, 128]),
+    ],
 )
 def test_sweep_levels_double_and_end_on_n(n: int, levels: list[int]) -> None:
     assert sweep_levels(n) == levels

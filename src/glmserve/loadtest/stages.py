@@ -18,6 +18,7 @@ class Stage:
     streams: int
     warmup_s: float
     measure_s: float  # math.inf: until stopped
+    spawn_rate: float = 0.0  # users/s; 0 = derive from the warm-up (see ramp_rate)
 
     @property
     def duration_s(self) -> float:
@@ -44,15 +45,36 @@ def sweep_levels(max_streams: int) -> list[int]:
     return levels
 
 
+def ramp_rate(added: int, warmup_s: float) -> float:
+    """Start a step's new streams evenly over the first half of its warm-up.
+
+    Streams of equal length that start together stay in lock-step: every request of the step
+    would then be sent in the same instant, and the burst (the client building and the server
+    parsing 128 requests at once) lands in TTFT. Spread starts keep arrivals spread; with no
+    warm-up the streams start at once (about a second).
+    """
+    if added <= 0:
+        return 1.0
+    if warmup_s <= 0:
+        return float(max(added, 1))
+    return max(added / (warmup_s / 2.0), 0.1)
+
+
 def plan(shape: str, streams: int, warmup_s: float, measure_s: float) -> list[Stage]:
     measure = math.inf if measure_s == 0 else measure_s
     if shape == "single":
-        return [Stage(1, warmup_s, measure)]
-    if shape == "concurrent":
-        return [Stage(streams, warmup_s, measure)]
-    if shape == "sweep":
-        return [Stage(n, warmup_s, measure_s) for n in sweep_levels(streams)]
-    raise ValueError(f"unknown shape {shape!r}")
+        levels, measure = [1], measure
+    elif shape == "concurrent":
+        levels = [streams]
+    elif shape == "sweep":
+        levels, measure = sweep_levels(streams), measure_s
+    else:
+        raise ValueError(f"unknown shape {shape!r}")
+    stages, prev = [], 0
+    for n in levels:
+        stages.append(Stage(n, warmup_s, measure, ramp_rate(n - prev, warmup_s)))
+        prev = n
+    return stages
 
 
 def tick_at(stages: Sequence[Stage], run_time: float) -> Tick | None:
@@ -62,8 +84,8 @@ def tick_at(stages: Sequence[Stage], run_time: float) -> Tick | None:
         end = start + stage.duration_s
         if run_time < end:
             phase = "warmup" if run_time < start + stage.warmup_s else "measure"
-            # Ramp a step's new streams within about a second: the warm-up absorbs the burst.
-            return Tick(i, phase, stage.streams, float(max(stage.streams, 1)))
+            rate = stage.spawn_rate or float(max(stage.streams, 1))
+            return Tick(i, phase, stage.streams, rate)
         start = end
     return None
 

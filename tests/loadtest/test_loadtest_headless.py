@@ -1,0 +1,118 @@
+"""Headless Locust runs of loadtest/decode.py against a local SSE server (subprocesses)."""
+
+from __future__ import annotations
+
+import csv
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ROOT, run_locust
+
+SHORT = ["--warmup-s", "0.5", "--measure-s", "3", "--read-timeout-s", "1"]
+
+
+def test_every_failure_is_counted_with_its_reason_and_the_run_survives(
+    sse_server, tmp_path: Path
+) -> None:
+    """HTTP errors, broken streams, malformed SSE, error events and timeouts are failures with a
+    reason; good streams in between are still timed and Locust exits 1 (failures), not 2."""
+    url = (
+        sse_server()
+    )  # cycles ok, http_status, broken_stream, malformed_sse, stream_error, timeout
+    run = run_locust(url, tmp_path / "rep", "-u", "3", *SHORT, "--csv", str(tmp_path / "loc"))
+    assert run.returncode == 1, run.output[-3000:]
+    summary = run.summary
+    assert set(summary["failures_total"]) == {
+        "http_status", "broken_stream", "malformed_sse", "stream_error", "timeout",
+    }  # fmt: skip
+    step = summary["steps"][0]
+    assert step["requests"] > 0
+    assert step["output_tokens_per_request"]["p50"] == 8  # from usage, not chunk counting
+    assert step["tpot_ms"]["p50"] > 0
+    assert "Traceback" not in run.output
+    # Locust's own table: the stream metrics under their own type, the HTTP entry apart.
+    rows = list(csv.DictReader((tmp_path / "loc_stats.csv").open()))
+    names = {(r["Type"], r["Name"]) for r in rows}
+    assert {("STREAM", n) for n in ("ack", "TTFT", "TPOT", "ITL", "e2e")} <= names
+    assert ("POST", "/v1/chat/completions") in names
+    post = next(r for r in rows if r["Type"] == "POST")
+    stream_e2e = next(r for r in rows if r["Name"] == "e2e")
+    assert int(post["Failure Count"]) > 0 and int(stream_e2e["Failure Count"]) == 0
+    # The HTTP entry's time is the whole request (the body too), not just the headers.
+    assert float(post["Max Response Time"]) >= float(stream_e2e["Min Response Time"])
+    reports = {p.name for p in (tmp_path / "rep").iterdir()}
+    assert {"summary.json", "steps.csv", "requests.csv", "latency_histograms.png"} <= reports
+
+
+def test_unreachable_target_is_a_connect_failure(tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run = run_locust(f"http://127.0.0.1:{port}", tmp_path / "rep", "-u", "1", "--warmup-s", "0",
+                     "--measure-s", "1.5")  # fmt: skip
+    assert run.returncode == 1, run.output[-3000:]
+    assert set(run.summary["failures_total"]) == {"connect"}
+    assert "error" in run.summary["server"]
+
+
+def test_slo_breach_exits_3_and_a_met_slo_exits_0(sse_server, tmp_path: Path) -> None:
+    """The exit code gates on the chosen percentile: TPOT is ~10 ms on the test server."""
+    url = sse_server("ok")
+    bad = run_locust(url, tmp_path / "bad", "-u", "2", *SHORT, "--slo-tpot-ms", "0.5")
+    assert bad.returncode == 3, bad.output[-3000:]
+    assert bad.summary["slo"]["passed"] is False
+    assert bad.summary["steps"][0]["goodput_rps"] == 0.0
+    good = run_locust(url, tmp_path / "good", "-u", "2", *SHORT, "--slo-tpot-ms", "5000",
+                      "--slo-ttft-ms", "5000", "--slo-percentile", "99")  # fmt: skip
+    assert good.returncode == 0, good.output[-3000:]
+    assert good.summary["slo"]["passed"] is True
+    step = good.summary["steps"][0]
+    assert step["goodput_rps"] == step["requests_per_s"] > 0
+
+
+def test_sweep_measures_each_step_and_plots(sse_server, tmp_path: Path) -> None:
+    url = sse_server("ok")
+    run = run_locust(url, tmp_path / "rep", "--shape", "sweep", "-u", "4", "--warmup-s", "0.5",
+                     "--measure-s", "2", "--route", "chat", "--seed", "1")  # fmt: skip
+    assert run.returncode == 0, run.output[-3000:]
+    steps = run.summary["steps"]
+    assert [s["streams"] for s in steps] == [1, 2, 4]
+    assert all(s["requests"] > 0 for s in steps)
+    assert (tmp_path / "rep" / "sweep.png").stat().st_size > 0
+
+
+def test_bad_option_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    run = run_locust("http://127.0.0.1:1", tmp_path / "rep", "--max-tokens", "0")
+    assert run.returncode == 2
+    assert "--max-tokens must be >= 1" in run.output
+    assert "Traceback" not in run.output
+
+
+PARSE = """
+import sys
+sys.path.insert(0, {root!r})
+import glmserve.loadtest.plugin as p
+p.register()
+from locust.argument_parser import get_parser
+print(get_parser(default_config_files=[]).parse_args(sys.argv[1:]).web_host)
+"""
+
+
+def web_host(*args: str, env_host: str | None = None) -> str:
+    code = PARSE.format(root=str(ROOT / "src"))
+    env = {k: v for k, v in os.environ.items() if k != "LOCUST_WEB_HOST"}
+    if env_host is not None:
+        env["LOCUST_WEB_HOST"] = env_host
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                         env=env, check=True)  # fmt: skip
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_web_ui_binds_loopback_unless_told_otherwise() -> None:
+    """Our default is 127.0.0.1; an explicit flag or LOCUST_WEB_HOST still wins."""
+    assert web_host() == "127.0.0.1"
+    assert web_host("--web-host", "0.0.0.0") == "0.0.0.0"
+    assert web_host(env_host="10.1.2.3") == "10.1.2.3"
