@@ -22,6 +22,7 @@ import datetime as dt
 import json
 import os
 import platform
+import shlex
 import statistics
 import sys
 import time
@@ -268,12 +269,16 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.write:
         now = dt.datetime.now(dt.timezone.utc)
-        command = "python bench/emulator_accuracy.py " + " ".join(argv or sys.argv[1:])
+        given = list(argv if argv is not None else sys.argv[1:])
+        if "--note" in given:  # the note is prose for the .md, not part of the method
+            i = given.index("--note")
+            del given[i : i + 2]
+        command = shlex.join(["python", "bench/emulator_accuracy.py", *given])
         record = {
             "what": "emulator timing accuracy, measured from outside with glmserve.streaming",
             "device": "this 2-core CI-class machine",
             "date_utc": now.isoformat(timespec="seconds"),
-            "command": command.strip(),
+            "command": command,
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
             "loadavg_before": load_before,

@@ -1,9 +1,9 @@
 """A MODEL of the decode-step cost of FP8-KV MLA attention, upstream cast versus patched gather.
 
 This is arithmetic on lab numbers, not a measurement: it lets a no-GPU demo show the shape of
-the patch's effect on dashboards and load tests. Every constant comes from docs/../shared FACTS
-(H200, FlashInfer fa2 MLA, 16 heads, FP8 pool 495,552 x 576, CUDA-graph replay, median us per
-layer):
+the patch's effect on dashboards and load tests. Every constant comes from the project's shared
+FACTS file, "Lab numbers" (H200, FlashInfer fa2 MLA, 16 heads, FP8 pool 495,552 x 576,
+CUDA-graph replay, median us per layer); docs/emulator.md repeats them:
 
 - upstream: `get_key_buffer(...).to(bf16)` casts the WHOLE pool on every layer of every step:
   826 us per layer at 495,552 rows (~1 TB/s, compute-bound), proportional to the pool's rows,
