@@ -206,7 +206,7 @@ def value(samples: dict, name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), float("nan"))
 
 
-def wait_for(port: int, cond: Callable[[dict], bool], timeout_s: float = 10.0) -> dict:
+def wait_for(port: int, cond: Callable[[dict], bool], timeout_s: float = 20.0) -> dict:
     deadline = time.monotonic() + timeout_s
     samples: dict = {}
     while time.monotonic() < deadline:

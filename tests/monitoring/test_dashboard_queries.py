@@ -14,6 +14,9 @@ import yaml
 
 from monitoring.livestack import PROM_DIR, LiveStack, live_stack, wait_all_series
 
+# ~25 s in all: one stack for the module, most of it waiting for rules to fill.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def stack(prometheus_binary, tmp_path_factory):
