@@ -75,7 +75,11 @@ def test_golden_metrics_healthy_target(tmp_path):
     """A healthy, patched FP8 target after one canary run: the full exposition is pinned."""
     registry, _, canary = build(tmp_path, {})
     assert canary.run_once() is None
-    check_golden("metrics_healthy.prom", generate_latest(registry).decode())
+    text = generate_latest(registry).decode()
+    # Prometheus scrapes SGLang directly: nothing of SGLang's own is re-exported here.
+    assert "sglang:" not in text
+    assert all(ln.startswith(("# ", "glmserve_")) for ln in text.splitlines())
+    check_golden("metrics_healthy.prom", text)
 
 
 def test_golden_metrics_target_down_after_it_was_up(tmp_path):
