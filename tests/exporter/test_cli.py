@@ -109,3 +109,21 @@ def test_cli_exits_2_with_one_line_on_bad_input(argv, needle):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("glmserve-exporter: error:"), lines
     assert needle in lines[0]
+
+
+def test_busy_listen_address_is_one_line_and_exit_1():
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "glmserve.exporter", f"--web.listen-address=127.0.0.1:{port}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot listen on" in lines[0], lines
