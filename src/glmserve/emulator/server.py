@@ -44,6 +44,9 @@ def make_server(config: EmulatorConfig, log_level: str = "warning") -> uvicorn.S
         lifespan="on",
         backlog=4096,
         timeout_keep_alive=30,
+        # Open streams would otherwise hold a SIGTERM (compose stop, test teardown) until they
+        # finish; after this grace they are cancelled and count as aborted.
+        timeout_graceful_shutdown=3,
     )
     return uvicorn.Server(uv_config)
 
