@@ -204,7 +204,10 @@ class StreamTimer:
         if "error" in obj or obj.get("object") == "error":
             raise StreamError("stream_error", json.dumps(obj.get("error", obj))[:200])
         self._events += 1
-        text, cumulative = _extract(obj)
+        try:
+            text, cumulative = _extract(obj)
+        except (TypeError, AttributeError, ValueError) as exc:  # valid JSON, wrong shape
+            raise StreamError("malformed_sse", f"unexpected event shape: {data[:80]!r}") from exc
         usage = obj.get("usage")
         meta = obj.get("meta_info")
         if isinstance(meta, dict):
@@ -369,7 +372,7 @@ def time_stream(
         raise StreamError("timeout", str(exc) or type(exc).__name__) from exc
     except httpx.ConnectError as exc:
         raise StreamError("connect", str(exc)) from exc
-    except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+    except httpx.TransportError as exc:  # read, write or protocol errors mid-stream
         raise StreamError("broken_stream", str(exc) or type(exc).__name__) from exc
     finally:
         if own:

@@ -122,3 +122,10 @@ def test_goodput_counts_requests_meeting_both_slos() -> None:
     assert agg.goodput(1.0, slo_ttft_s=0.22, slo_tpot_s=0.02) == 1
     assert agg.goodput(2.0, slo_ttft_s=None, slo_tpot_s=0.008) == 0.5
     assert agg.output_tokens_per_s(2.0) == 7.0
+
+
+def test_valid_json_of_the_wrong_shape_is_malformed_sse() -> None:
+    timer = StreamTimer(0.0)
+    with pytest.raises(StreamError) as err:
+        timer.feed(b'data: {"choices": "x"}\n\n', now=0.1)
+    assert err.value.reason == "malformed_sse"
