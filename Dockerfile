@@ -65,7 +65,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG GLMSERVE_VERSION=0.1.0
 ARG SGLANG_VERSION=0.5.12.post1
 ARG PATCH_SERIES=0.5.12.post1
-ARG PATCH_LOCK_SHA256=27450a733627500018c4728c43cd9b6f109db941b2a6157ddf93bc8dd7884bd2
+ARG PATCH_LOCK_SHA256=1fc92e777fe2bf9fb553ae68b42dfc3e7556d66bcaa527094826aa2abf046423
 # JIT targets: SM100 (B200) and SM120 (RTX PRO 6000 Blackwell). FlashInfer's list is
 # space-separated and it adds the arch suffix itself (10.0 -> 10.0a, 12.0 -> 12.0f).
 ARG TORCH_CUDA_ARCH_LIST="10.0;12.0"

@@ -50,7 +50,7 @@ wheel="$(ls "$cache/wheels"/sglang-"$sglang_version"-*.whl 2>/dev/null | head -n
 if [ -z "$wheel" ]; then
     log "downloading sglang==$sglang_version (wheel only, no dependencies)"
     # The host's pip (with the host's CA settings) fetches it; the image build stays offline.
-    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
+    "${PYTHON:-python3}" -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
         --platform manylinux_2_34_x86_64 -d "$cache/wheels" "sglang==$sglang_version" >&2
     wheel="$(ls "$cache/wheels"/sglang-"$sglang_version"-*.whl | head -n1)"
 fi

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -64,7 +65,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 def ci_bases(docker_engine: None, stack_timings: Timings) -> dict[str, str]:
     """Local stand-ins for the registry bases (docker/ci-bases.sh), as KEY -> image tag."""
     with stack_timings.measure("ci bases"):
-        proc = run([str(REPO / "docker" / "ci-bases.sh")], timeout=900)
+        # This interpreter's pip downloads the SGLang wheel (the venv CI just built has one).
+        env = {**os.environ, "PYTHON": sys.executable}
+        proc = run([str(REPO / "docker" / "ci-bases.sh")], env=env, timeout=900)
     bases = dict(line.split("=", 1) for line in proc.stdout.split() if "=" in line)
     for key in ("TOOLS_BASE_IMAGE", "BASE_IMAGE", "PROMETHEUS_IMAGE"):
         assert bases.get(key), f"docker/ci-bases.sh printed no {key}"

@@ -208,7 +208,7 @@ def test_dockerfile_label_defaults_match_the_patch_lock() -> None:
     want = lock_build_args()
     for key, value in want.items():
         assert dockerfile_arg(key) == value, (
-            f"Dockerfile is stale after a lock change: set `ARG {key}={value}`"
+            f"Dockerfile is stale after a lock change: run docker/sync-lock-labels.sh (ARG {key}={value})"
         )
 
 

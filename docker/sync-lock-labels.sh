@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Rewrite the Dockerfile's PATCH_SERIES / PATCH_LOCK_SHA256 defaults from patches/series.lock.json.
+# Run it after regenerating the lock (python -m glmserve.patching.regen); the image build refuses
+# labels that disagree with what apply.py recorded, and tests/stack checks the defaults.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+version="$(sed -n 's/^ARG SGLANG_VERSION=//p' Dockerfile)"
+lock="$(sha256sum patches/series.lock.json | cut -d' ' -f1)"
+sed -i -e "s/^ARG PATCH_SERIES=.*/ARG PATCH_SERIES=${version}/" \
+    -e "s/^ARG PATCH_LOCK_SHA256=.*/ARG PATCH_LOCK_SHA256=${lock}/" Dockerfile
+grep -E '^ARG PATCH_(SERIES|LOCK_SHA256)=' Dockerfile
