@@ -45,11 +45,12 @@ COPY --from=tools-build /opt/glmserve /opt/glmserve
 ENV PATH=/opt/glmserve/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
-# An unprivileged user; /run/glmserve holds the build-info file the emulator writes (a named
-# volume in compose inherits this ownership when it is first created).
+# An unprivileged user. /run/glmserve holds the build-info file the emulator writes and
+# loadtest-report/ Locust's reports; named volumes in compose inherit this ownership when
+# they are first created.
 RUN useradd --uid 10001 --user-group --create-home glmserve \
-    && mkdir -p /run/glmserve \
-    && chown glmserve:glmserve /run/glmserve \
+    && mkdir -p /run/glmserve /opt/glmserve-app/loadtest-report \
+    && chown glmserve:glmserve /run/glmserve /opt/glmserve-app/loadtest-report \
     && python -c "import glmserve, starlette, uvicorn, httpx, prometheus_client, locust"
 USER 10001:10001
 WORKDIR /opt/glmserve-app
