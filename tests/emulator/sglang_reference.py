@@ -3,7 +3,8 @@
 The emulator must expose the same `sglang:` names, types, label names and bucket boundaries as
 the pinned server. Importing SGLang needs torch and a GPU stack, so this reads the collector's
 source with `ast` instead: every `Gauge(...)`, `Counter(...)`, `Histogram(...)` call with a
-literal `name=` becomes one record.
+literal `name=` becomes one record (the collectors in metrics_collector.py and the HTTP
+middleware metrics in utils/common.py).
 
 Regenerate the committed reference (tests/emulator/data/) from a wheel:
 
@@ -21,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 COLLECTOR_PATH = "sglang/srt/observability/metrics_collector.py"
+# The HTTP middleware metrics (--enable-metrics) are defined in utils/common.py.
+MIDDLEWARE_PATH = "sglang/srt/utils/common.py"
+SOURCES = (COLLECTOR_PATH, MIDDLEWARE_PATH)
 METRIC_CLASSES = {"Gauge": "gauge", "Counter": "counter", "Histogram": "histogram"}
 # Which label dict each collector class is constructed with (set in the scheduler mixin and the
 # tokenizer manager respectively; checked against the wheel by test_metrics_reference_wheel).
@@ -34,7 +38,7 @@ def _literal_numbers(node: ast.AST) -> list[float] | None:
     if isinstance(node, (ast.List, ast.Tuple)):
         try:
             return [float(ast.literal_eval(elt)) for elt in node.elts]
-        except ValueError:
+        except (TypeError, ValueError):  # not a list of numbers
             return None
     return None
 
@@ -90,53 +94,70 @@ def _resolve_buckets(node: ast.AST, assigns: dict[str, list[float]]) -> list[flo
     return None
 
 
+def _functions(tree: ast.Module) -> list[tuple[str | None, ast.FunctionDef]]:
+    """(owning class or None, function) for methods and module-level functions."""
+    out: list[tuple[str | None, ast.FunctionDef]] = []
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            out += [(node.name, f) for f in node.body if isinstance(f, ast.FunctionDef)]
+        elif isinstance(node, ast.FunctionDef):
+            out.append((None, node))
+    return out
+
+
 def extract(source: str) -> list[dict[str, Any]]:
-    """One record per metric: name, type, labelnames, buckets (histograms), multiprocess_mode."""
+    """One record per metric: name, type, labelnames, buckets (histograms), multiprocess_mode.
+
+    Label names are known when the call spells them out, or when it builds on the label dict of
+    a collector class listed in BASE_LABELS; otherwise they are recorded as None.
+    """
     tree = ast.parse(source)
     records: list[dict[str, Any]] = []
-    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
-        base = BASE_LABELS.get(cls.name)
-        for func in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
-            assigns: dict[str, list[float]] = {}
-            for node in ast.walk(func):
-                if isinstance(node, ast.Assign) and len(node.targets) == 1:
-                    target = node.targets[0]
-                    values = _literal_numbers(node.value)
-                    if isinstance(target, ast.Name) and values is not None:
-                        assigns[target.id] = values
-            for node in ast.walk(func):
-                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
-                    continue
-                kind = METRIC_CLASSES.get(node.func.id)
-                if kind is None:
-                    continue
-                kw = {k.arg: k.value for k in node.keywords if k.arg}
-                if "name" not in kw or not isinstance(kw["name"], ast.Constant):
-                    continue
-                extra = _label_extra(kw["labelnames"]) if "labelnames" in kw else None
-                labelnames = None if base is None or extra is None else [*base, *extra]
-                record: dict[str, Any] = {
-                    "name": kw["name"].value,
-                    "type": kind,
-                    "collector": cls.name,
-                    "labelnames": labelnames,
-                }
-                if kind == "histogram":
-                    record["buckets"] = (
-                        _resolve_buckets(kw["buckets"], assigns) if "buckets" in kw else None
-                    )
-                if kind == "gauge":
-                    mode = kw.get("multiprocess_mode")
-                    record["multiprocess_mode"] = (
-                        mode.value if isinstance(mode, ast.Constant) else "all"
-                    )
-                records.append(record)
+    for owner, func in _functions(tree):
+        base = BASE_LABELS.get(owner) if owner else []
+        assigns: dict[str, list[float]] = {}
+        for node in ast.walk(func):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                target = node.targets[0]
+                values = _literal_numbers(node.value)
+                if isinstance(target, ast.Name) and values is not None:
+                    assigns[target.id] = values
+        for node in ast.walk(func):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+                continue
+            kind = METRIC_CLASSES.get(node.func.id)
+            if kind is None:
+                continue
+            kw = {k.arg: k.value for k in node.keywords if k.arg}
+            if "name" not in kw or not isinstance(kw["name"], ast.Constant):
+                continue
+            extra = _label_extra(kw["labelnames"]) if "labelnames" in kw else []
+            labelnames = None if base is None or extra is None else [*base, *extra]
+            record: dict[str, Any] = {
+                "name": kw["name"].value,
+                "type": kind,
+                "collector": owner or func.name,
+                "labelnames": labelnames,
+            }
+            if kind == "histogram":
+                record["buckets"] = (
+                    _resolve_buckets(kw["buckets"], assigns) if "buckets" in kw else None
+                )
+            if kind == "gauge":
+                mode = kw.get("multiprocess_mode")
+                record["multiprocess_mode"] = (
+                    mode.value if isinstance(mode, ast.Constant) else "all"
+                )
+            records.append(record)
     return records
 
 
 def extract_from_wheel(wheel: str | Path) -> list[dict[str, Any]]:
     with zipfile.ZipFile(wheel) as zf:
-        return extract(zf.read(COLLECTOR_PATH).decode())
+        out = []
+        for member in SOURCES:
+            out += extract(zf.read(member).decode())
+        return out
 
 
 def wheel_member(wheel: str | Path, member: str) -> str:

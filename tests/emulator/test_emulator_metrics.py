@@ -127,3 +127,23 @@ def test_pid_label_only_on_mode_all_gauges(emu):
     fams = scrape(emu.url)
     assert "pid" in fams["sglang:num_retracted_reqs"].samples[0].labels
     assert "pid" not in fams["sglang:num_running_reqs"].samples[0].labels
+
+
+def test_http_middleware_metrics_count_by_route_template_and_status():
+    with emulator_thread(tpot_ms=1.0, ttft_ms=1.0) as e:
+        httpx.post(e.url + "/v1/chat/completions", json={"messages": []}, timeout=10)
+        httpx.get(e.url + "/v1/models/some/model", timeout=10)
+        body = {"prompt": "x", "max_tokens": 2, "stream": True}
+        httpx.post(e.url + "/v1/completions", json=body, timeout=10)
+        fams = scrape(e.url)
+    post, get = {"method": "POST"}, {"method": "GET"}
+    responses = "sglang:http_responses_total"
+    assert sample(fams, responses, endpoint="/v1/chat/completions", status_code="400", **post) == 1
+    assert (
+        sample(fams, responses, endpoint="/v1/models/{model:path}", status_code="404", **get) == 1
+    )
+    assert sample(fams, responses, endpoint="/v1/completions", status_code="200", **post) == 1
+    assert sample(fams, "sglang:http_requests_total", endpoint="/v1/completions", **post) == 1
+    # the scrape itself is in flight while it renders; everything else has answered
+    assert sample(fams, "sglang:http_requests_active", endpoint="/metrics", **get) == 1
+    assert sample(fams, "sglang:http_requests_active", endpoint="/v1/completions", **post) == 0

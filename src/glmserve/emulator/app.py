@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -234,6 +234,49 @@ class GenerationResponse:
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
+class HttpMetricsMiddleware:
+    """SGLang's track_http_status_code middleware (on with --enable-metrics): count requests by
+    route template and method, responses by status when the response starts, and the requests
+    in flight until then (the real one decrements when call_next returns, i.e. at the headers).
+    """
+
+    def __init__(self, app: Any, metrics: MetricsState) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    def _endpoint(self, scope: Scope) -> str:
+        from starlette.routing import Match
+
+        for route in scope["app"].routes:
+            match, _ = route.matches(scope)
+            if match == Match.FULL:
+                return route.path
+        return scope["path"]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        m = self.metrics
+        endpoint, method = self._endpoint(scope), scope["method"]
+        m.http_request_started(endpoint, method)
+        active = True
+
+        async def counting_send(message: Any) -> None:
+            nonlocal active
+            if active and message["type"] == "http.response.start":
+                active = False
+                m.http_response_started(endpoint, method, message["status"])
+                m.http_request_left(endpoint, method)
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        finally:
+            if active:
+                m.http_request_left(endpoint, method)
+
+
 class StreamedError:
     """/generate with stream=true answers engine errors inside a 200 stream."""
 
@@ -388,7 +431,10 @@ def create_app(config: EmulatorConfig) -> Starlette:
         Route("/metrics/", metrics_route, methods=["GET"]),
     ]
     app = Starlette(
-        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error}
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: http_error},
+        middleware=[Middleware(HttpMetricsMiddleware, metrics=metrics)],
     )
     app.state.emulator = state
     return app
@@ -465,7 +511,3 @@ def server_info_dict(state: EmulatorState) -> dict[str, Any]:
             "fp8_gather": c.fp8_gather,
         },
     }
-
-
-def dumps_config(config: EmulatorConfig) -> str:
-    return json.dumps(dataclasses.asdict(config), default=str)

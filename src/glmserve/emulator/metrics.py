@@ -158,6 +158,11 @@ class MetricsState:
     realtime_tokens: dict[str, float] = field(
         default_factory=lambda: {"prefill_compute": 0.0, "prefill_cache": 0.0, "decode": 0.0}
     )
+    # HTTP middleware metrics (--enable-metrics): keyed by (endpoint, method) and
+    # (endpoint, status_code, method) like the real label order.
+    http_requests: dict[tuple[str, str], float] = field(default_factory=dict)
+    http_responses: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    http_active: dict[tuple[str, str], float] = field(default_factory=dict)
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
     e2e: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
@@ -192,6 +197,18 @@ class MetricsState:
 
     def observe_one_aborted_request(self) -> None:
         self.num_aborted_requests_total += 1
+
+    def http_request_started(self, endpoint: str, method: str) -> None:
+        key = (endpoint, method)
+        self.http_requests[key] = self.http_requests.get(key, 0.0) + 1
+        self.http_active[key] = self.http_active.get(key, 0.0) + 1
+
+    def http_response_started(self, endpoint: str, method: str, status: int) -> None:
+        key = (endpoint, str(status), method)
+        self.http_responses[key] = self.http_responses.get(key, 0.0) + 1
+
+    def http_request_left(self, endpoint: str, method: str) -> None:
+        self.http_active[(endpoint, method)] -= 1
 
 
 class SGLangCollector(Collector):
@@ -232,6 +249,31 @@ class SGLangCollector(Collector):
             self._sched(),
             s.queue_time,
         )
+        yield from self._counter(
+            "sglang:http_requests_total",
+            "Total number of HTTP requests by endpoint and method",
+            ["endpoint", "method"],
+            ((list(k), v) for k, v in sorted(s.http_requests.items())),
+        )
+        yield from self._counter(
+            "sglang:http_responses_total",
+            "Total number of HTTP responses by endpoint and status code",
+            ["endpoint", "status_code", "method"],
+            ((list(k), v) for k, v in sorted(s.http_responses.items())),
+        )
+        active = GaugeMetricFamily(
+            "sglang:http_requests_active",
+            "Number of currently active HTTP requests",
+            labels=["endpoint", "method"],
+        )
+        for k, v in sorted(s.http_active.items()):
+            active.add_metric(list(k), v)
+        yield active
+        routing = GaugeMetricFamily(
+            "sglang:routing_keys_active", "Number of unique routing keys with active requests"
+        )
+        routing.add_metric([], 0.0)  # requests with x-smg-routing-key are not modelled
+        yield routing
         tok = self._tok()
         for name, help_text, value in (
             ("prompt_tokens_total", "Number of prefill tokens processed.", s.prompt_tokens_total),
