@@ -27,6 +27,7 @@ import os
 import platform
 import re
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -63,6 +64,37 @@ def server_ttft(url: str) -> tuple[float, float]:
     return out[0], out[1]
 
 
+PROBE = """
+import json, sys, time
+from glmserve.streaming import StreamRequest, StreamError, time_stream
+import httpx
+url, delay, duration, max_tokens = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+time.sleep(delay)
+end = time.monotonic() + duration
+ttft, tpot = [], []
+with httpx.Client(timeout=120) as client:
+    while time.monotonic() < end:
+        try:
+            t = time_stream(url, StreamRequest(max_tokens=max_tokens, prompt="hi " * 128),
+                            client=client)
+        except StreamError:
+            continue
+        ttft.append(t.ttft_s * 1e3)
+        tpot.append(t.tpot_s * 1e3)
+print(json.dumps({"ttft": ttft, "tpot": tpot}))
+"""
+
+
+def start_probe(url: str, delay_s: float, duration_s: float, max_tokens: int):
+    """A reference client in its own process: one httpx stream at a time, same StreamTimer.
+
+    It shares the machine (and the emulator) with Locust, so a difference between it and
+    Locust is Locust's own error; what both see above the truth is the server's or the box's.
+    """
+    argv = [sys.executable, "-c", PROBE, url, str(delay_s), str(duration_s), str(max_tokens)]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+
+
 def children_cpu_s() -> float:
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     return ru.ru_utime + ru.ru_stime
@@ -94,9 +126,13 @@ def run_point(args: argparse.Namespace, tpot: float, ttft: float, k: int, n: int
             ]  # fmt: skip
             if args.processes:
                 argv += ["--processes", str(args.processes)]
+            # The probe's short streams fit the measured window, after Locust's start-up.
+            probe = start_probe(emu.url, args.warmup_s + 3, args.measure_s - 6, 32)
             cpu0, t0 = children_cpu_s(), time.monotonic()
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
             cpu, wall = children_cpu_s() - cpu0, time.monotonic() - t0
+            probe_out, _ = probe.communicate(timeout=120)
+            ref = json.loads(probe_out)
             if proc.returncode not in (0, 1):
                 raise RuntimeError(f"locust exited {proc.returncode}: {proc.stderr[-2000:]}")
             summary = json.loads(Path(tmp, "summary.json").read_text())
@@ -108,6 +144,8 @@ def run_point(args: argparse.Namespace, tpot: float, ttft: float, k: int, n: int
     if tpot_p50 is None or ttft_p50 is None:
         raise SystemExit(f"{n} streams: no request completed inside the window; raise --measure-s")
     tps = step["output_tokens_per_s"]
+    ref_ttft = statistics.median(ref["ttft"]) if ref["ttft"] else None
+    ref_tpot = statistics.median(ref["tpot"]) if ref["tpot"] else None
     row = {
         "tpot_ms": tpot, "ttft_ms": ttft, "tokens_per_chunk": k, "streams": n,
         "requests": step["requests"], "failures": step["failures"],
@@ -115,6 +153,8 @@ def run_point(args: argparse.Namespace, tpot: float, ttft: float, k: int, n: int
         "ttft_p50_ms": ttft_p50, "ttft_err_pct": 100 * (ttft_p50 - ttft) / ttft,
         "itl_p50_ms": step["itl_ms"]["p50"], "itl_p99_ms": step["itl_ms"]["p99"],
         "server_ttft_mean_ms": 1e3 * (s1 - s0) / (c1 - c0) if c1 > c0 else None,
+        "reference_ttft_p50_ms": ref_ttft, "reference_tpot_p50_ms": ref_tpot,
+        "reference_requests": len(ref["ttft"]),
         "output_tokens_per_s": tps, "sse_events_per_s": tps / k,
         "locust_cpu_s": cpu, "locust_wall_s": wall, "loadavg_1m_start": load0,
     }  # fmt: skip
@@ -130,16 +170,22 @@ def fmt_row(r: dict) -> str:
         f"| {r['tpot_ms']:g}/{r['ttft_ms']:g}/{r['tokens_per_chunk']} | {r['streams']} "
         f"| {r['requests']} | {r['tpot_p50_ms']:.3f} ({r['tpot_err_pct']:+.2f}) "
         f"| {r['ttft_p50_ms']:.1f} ({r['ttft_err_pct']:+.2f}) "
-        f"| {'-' if srv is None else f'{srv:.1f}'} | {r['itl_p99_ms']:.1f} "
+        f"| {'-' if srv is None else f'{srv:.1f}'} | {_opt(r['reference_ttft_p50_ms'], 1)} "
+        f"/ {_opt(r['reference_tpot_p50_ms'], 3)} | {r['itl_p99_ms']:.1f} "
         f"| {r['sse_events_per_s']:.0f} | {r['locust_cpu_s']:.1f}/{r['locust_wall_s']:.0f} "
         f"| {r['loadavg_1m_start']:.1f} | {'yes' if r['within_bound'] else 'NO'} |"
     )
 
 
+def _opt(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 HEADER = (
     "| TPOT/TTFT/K | streams | requests | TPOT p50 ms (err %) | TTFT p50 ms (err %) "
-    "| server TTFT mean ms | ITL p99 ms | SSE events/s | Locust CPU s / wall s "
-    "| load 1m | within ±2 % |\n|---|---|---|---|---|---|---|---|---|---|---|"
+    "| server TTFT mean ms | reference TTFT / TPOT p50 ms | ITL p99 ms | SSE events/s "
+    "| Locust CPU s / wall s | load 1m | within ±2 % |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -205,9 +251,12 @@ def write(args: argparse.Namespace, rows: list[dict], best: dict) -> None:
         f"Per point: warm-up {args.warmup_s:g} s, measured {args.measure_s:g} s, "
         f"{args.max_tokens} output tokens (ignore_eos), ITL stats {args.itl_stats}.  ",
         "Truth = the emulator's --tpot-ms / --ttft-ms; error = (Locust p50 - truth) / truth. "
-        "'server TTFT mean' is the emulator's own histogram (from request arrival), for "
-        "telling client from server error. 'load 1m' is the machine's load average at the "
-        "start of the point (the machine is shared with other jobs).",
+        "'server TTFT mean' is the emulator's own histogram (from request arrival, so without "
+        "its HTTP intake). 'reference' is a second client in its own process (httpx, one "
+        "32-token stream at a time, same StreamTimer) running during the measured window: "
+        "Locust minus reference is Locust's own error; what both see above the truth comes "
+        "from the server or the machine. 'load 1m' is the load average at the start of the "
+        "point: the 2 CPUs are shared with other jobs.",
         "",
         HEADER,
         *[fmt_row(r) for r in rows],

@@ -1,41 +1,15 @@
-"""Helpers for the suite's end-to-end tests: a misbehaving SSE server and a headless Locust run.
-
-Locust runs in a subprocess: importing it here would gevent-patch the whole pytest process.
-"""
+"""Fixtures for the suite's end-to-end tests: a misbehaving SSE server (see sse_server.py)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-LOCUSTFILE = ROOT / "loadtest" / "decode.py"
-SSE_SERVER = Path(__file__).with_name("sse_server.py")
-
-
-@dataclass
-class LocustRun:
-    returncode: int
-    output: str
-    report: Path
-
-    @property
-    def summary(self) -> dict:
-        return json.loads((self.report / "summary.json").read_text())
-
-
-def run_locust(host: str, report: Path, *args: str, timeout_s: float = 90) -> LocustRun:
-    argv = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "-H", host,
-            "--report-dir", str(report), "--only-summary", *args]  # fmt: skip
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT)
-    return LocustRun(proc.returncode, proc.stdout + proc.stderr, report)
+from locustkit import SSE_SERVER
 
 
 @pytest.fixture

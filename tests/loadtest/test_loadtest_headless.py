@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ROOT, run_locust
+from locustkit import ROOT, run_locust
 
 SHORT = ["--warmup-s", "0.5", "--measure-s", "3", "--read-timeout-s", "1"]
 
