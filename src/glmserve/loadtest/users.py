@@ -35,9 +35,6 @@ HEADERS = {
     "Accept": "text/event-stream",
     # Compressed SSE would reach the timer as gzip bytes; ask for the plain stream.
     "Accept-Encoding": "identity",
-    # A stream abandoned mid-way (timeout, malformed event) must not leave a half-read socket
-    # in geventhttpclient's keep-alive pool, so every request gets its own connection.
-    "Connection": "close",
 }
 
 
@@ -64,14 +61,14 @@ def read_stream(
     clock: Callable[[], float] = time.perf_counter,
 ) -> StreamTiming:
     """Read a Locust FastResponse to the end, feeding each piece at its arrival time."""
+    raw = getattr(response, "_response", None)  # geventhttpclient's socket response
     error = getattr(response, "error", None)
     if error is not None:
+        _discard(raw)
         raise classify(error)
-    raw = response._response  # geventhttpclient's socket response
-    read = _read_available if hasattr(raw, "_body_buffer") else _read_line
     try:
         while True:
-            piece = read(raw)
+            piece = _read_available(raw)
             now = clock()
             if not piece:
                 break
@@ -80,12 +77,10 @@ def read_stream(
                 raise StreamError("timeout", "request exceeded --request-timeout-s")
         return timer.finish(now)
     except StreamError:
-        raw.release()
+        _discard(raw)
         raise
-    except OSError as exc:  # socket timeouts and resets are OSErrors
-        raw.release()
-        raise classify(exc) from exc
-    except (HTTPParseError, HTTPConnectionClosed) as exc:
+    except (OSError, HTTPParseError) as exc:  # socket timeouts/resets, truncated chunking
+        _discard(raw)
         raise classify(exc) from exc
 
 
@@ -95,6 +90,7 @@ def _read_available(raw: Any) -> bytes:
     geventhttpclient's public read(n) waits for n bytes and readline() costs a call per line;
     at thousands of events per second the client's CPU time becomes timing error, so this
     reads the parser's body buffer directly (geventhttpclient is pinned in constraints.txt).
+    A complete message hands the connection back to the keep-alive pool by itself.
     """
     buf = raw._body_buffer
     while not buf and not raw.message_complete:
@@ -108,8 +104,16 @@ def _read_available(raw: Any) -> bytes:
     return out
 
 
-def _read_line(raw: Any) -> bytes:
-    return raw.readline(b"\n")
+def _discard(raw: Any) -> None:
+    """Close an abandoned connection instead of returning it, half read, to the pool."""
+    sock, pool = getattr(raw, "_sock", None), getattr(raw, "_pool", None)
+    if sock is None:
+        return
+    raw._sock = raw._pool = None
+    if pool is not None:
+        pool.release_socket(sock)  # closes it and frees the pool slot
+    else:
+        sock.close()
 
 
 class DecodeUser(FastHttpUser):
