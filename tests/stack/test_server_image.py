@@ -5,12 +5,13 @@ own preflight and the launcher's --dry-run run inside it for every profile."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-from stackkit import REPO, dockerfile_arg, image_files, lock_build_args, run
+from stackkit import REPO, compose_env, dockerfile_arg, image_files, lock_build_args, run
 
 pytestmark = pytest.mark.stack
 
@@ -119,3 +120,42 @@ def test_build_time_ca_is_not_in_the_server_image(server_image: str) -> None:
     assert image_files(server_image, "os-release")  # control: the search itself works
     assert image_files(server_image, "host-ca-bundle.crt") == []
     assert image_files(server_image, "build-ca*") == []
+
+
+def test_compose_sglang_service_dry_run(
+    ci_bases: dict[str, str], server_image: str, tmp_path: Path
+) -> None:
+    """The compose service as written (environment, model mount, volumes, entrypoint), minus its
+    GPU reservation and ulimits: a JSON extra arg set the way .env.example shows reaches SGLang's argv as one
+    intact element, and the empty defaults compose passes mean "unset" to the launcher."""
+    no_gpu = tmp_path / "no-gpu.yaml"
+    # This CI sandbox may not raise RLIMIT_MEMLOCK, so the ulimits go too (a GPU host allows
+    # them); the image is the one `server_image` built, so `run` must not rebuild (its classic
+    # builder log would land on stdout, where the JSON report is read).
+    no_gpu.write_text(
+        "services:\n  sglang:\n    deploy: !reset {}\n    ulimits: !reset {}\n"
+        "    pull_policy: never\n"
+    )
+    override = json.dumps({"rope_scaling": {"type": "yarn", "factor": 2.0}})
+    extra = ["--json-model-override-args", override]
+    env = compose_env(
+        ci_bases,
+        MODEL_DIR=str(FAKE_GLM5),
+        GLMSERVE_EXTRA_ARGS=json.dumps(extra),
+        **lock_build_args(),
+    )
+    env.pop("COMPOSE_PROFILES", None)
+    base = ["docker", "compose", "-p", f"glmserve-dry-{os.getpid()}"]
+    base += ["-f", str(REPO / "compose.yaml"), "-f", str(no_gpu), "--profile", "gpu"]
+    try:
+        proc = run([*base, "run", "--rm", "--no-deps", "-T", "sglang", "--dry-run"], env=env)
+    finally:
+        subprocess.run([*base, "down", "-v"], env=env, capture_output=True, timeout=120)
+    report = json.loads(proc.stdout)
+    assert report["profile"] == "glm5-nvfp4-rtxpro6000-tp8"
+    assert report["model_path"] == "/model"
+    argv = report["argv"]
+    at = argv.index("--json-model-override-args")
+    assert argv[at + 1] == override
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"
+    assert argv[argv.index("--port") + 1] == "30000"
