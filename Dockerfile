@@ -55,7 +55,7 @@ RUN useradd --uid 10001 --user-group --create-home glmserve \
 USER 10001:10001
 WORKDIR /opt/glmserve-app
 # No ENTRYPOINT: compose picks the emulator, exporter or locust command per service.
-CMD ["python", "-m", "glmserve.emulator", "--host", "127.0.0.1", "--port", "30000"]
+CMD ["python", "-m", "glmserve.emulator", "--host", "127.0.0.1", "--port", "30000", "--tpot-ms", "20", "--ttft-ms", "250"]
 
 # --------------------------------------------------------------------------------------------
 FROM ${BASE_IMAGE} AS server
