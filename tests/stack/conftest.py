@@ -85,7 +85,10 @@ def build_ca() -> None:
     target = REPO / ".ca" / "host-ca-bundle.crt"
     target.parent.mkdir(exist_ok=True)
     if not target.exists() or target.read_bytes() != HOST_CA_BUNDLE.read_bytes():
-        shutil.copyfile(HOST_CA_BUNDLE, target)
+        # Atomic: a concurrent test session may be sending .ca/ to a build right now.
+        partial = target.with_name(f".{target.name}.{os.getpid()}")
+        shutil.copyfile(HOST_CA_BUNDLE, partial)
+        os.replace(partial, target)
 
 
 @pytest.fixture(scope="session")

@@ -231,3 +231,26 @@ def test_promtool_accepts_the_prometheus_config(promtool_binary: str, tmp_path: 
             timeout=60,
         )
         assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_monitoring_mounts_match_the_files_they_serve(tmp_path: Path) -> None:
+    """Grafana and Prometheus see the repo's monitoring files where their configs look for them."""
+    services = config_json(example_env(tmp_path), "emulated")["services"]
+    grafana = {v["target"]: v for v in services["grafana"]["volumes"]}
+    provisioning = grafana["/etc/grafana/provisioning"]
+    assert Path(provisioning["source"]) == REPO / "monitoring" / "grafana" / "provisioning"
+    dashboards = grafana["/var/lib/grafana/dashboards"]
+    assert Path(dashboards["source"]) == REPO / "monitoring" / "grafana" / "dashboards"
+    for provider_file in (REPO / "monitoring" / "grafana" / "provisioning" / "dashboards").glob(
+        "*.yml"
+    ):
+        for provider in yaml.safe_load(provider_file.read_text())["providers"]:
+            assert provider["options"]["path"] == "/var/lib/grafana/dashboards", provider_file
+    home = services["grafana"]["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home.startswith("/var/lib/grafana/dashboards/")
+    assert (REPO / "monitoring" / "grafana" / "dashboards" / Path(home).name).is_file()
+
+    prometheus = {v["target"]: v for v in services["prometheus"]["volumes"]}
+    assert Path(prometheus["/etc/prometheus"]["source"]) == REPO / "monitoring" / "prometheus"
+    assert "--config.file=/etc/prometheus/prometheus.yml" in services["prometheus"]["command"]
+    assert (REPO / "monitoring" / "prometheus" / "prometheus.yml").is_file()
