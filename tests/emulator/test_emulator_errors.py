@@ -129,3 +129,12 @@ def test_unknown_route_is_fastapi_404(emu, client):
     r = client.get(emu.url + "/no/such/route")
     assert r.status_code == 404
     assert r.json() == {"detail": "Not Found"}
+
+
+def test_booleans_are_read_like_pydantic(emu, client):
+    """'false' is False (lax mode), not a truthy string; garbage is a validation error."""
+    body = {"prompt": "x", "max_tokens": 2, "stream": "false", "ignore_eos": "true"}
+    r = client.post(emu.url + "/v1/completions", json=body)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+    r = client.post(emu.url + "/v1/completions", json={**body, "stream": "maybe"})
+    assert "boolean" in assert_openai_error(r, "Bad Request")

@@ -344,7 +344,7 @@ def create_app(config: EmulatorConfig) -> Starlette:
     async def generate(request: Request) -> Any:
         raw = await request.body()
         body = P.parse_json_body(raw, request.headers.get("content-type"), require_json_type=False)
-        stream = isinstance(body, dict) and bool(body.get("stream"))
+        stream = isinstance(body, dict) and body.get("stream") in (True, "true", "True", 1)
         try:
             parsed = P.parse_generate(body)
             req = parsed.to_gen_request(config)

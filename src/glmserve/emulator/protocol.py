@@ -228,6 +228,29 @@ def _opt_int(body: dict[str, Any], key: str) -> int | None:
     return value
 
 
+def _flag(body: dict[str, Any], key: str) -> bool:
+    """A boolean field, read the way pydantic's lax mode reads it ("false" is False)."""
+    value = body.get(key, False)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in (
+        "true",
+        "1",
+        "yes",
+        "on",
+        "false",
+        "0",
+        "no",
+        "off",
+    ):
+        return value.lower() in ("true", "1", "yes", "on")
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if value is None:
+        return False
+    raise _type_error(key, "boolean", value)
+
+
 def _require_object(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise validation_error(
@@ -280,11 +303,11 @@ def parse_chat(body: Any, config: EmulatorConfig) -> ParsedRequest:
     return ParsedRequest(
         route="chat",
         model=str(body.get("model", "default")),
-        stream=bool(body.get("stream", False)),
+        stream=_flag(body, "stream"),
         prompt_tokens=prompt_tokens,
         prompt_key="\n".join(texts),
         max_new_tokens=max_new,
-        ignore_eos=bool(body.get("ignore_eos", False)),
+        ignore_eos=_flag(body, "ignore_eos"),
         include_usage=include,
         continuous_usage=continuous,
         rid=body.get("rid") if isinstance(body.get("rid"), str) else None,
@@ -322,11 +345,11 @@ def parse_completions(body: Any, config: EmulatorConfig) -> ParsedRequest:
     return ParsedRequest(
         route="completions",
         model=str(body.get("model", "default")),
-        stream=bool(body.get("stream", False)),
+        stream=_flag(body, "stream"),
         prompt_tokens=tokens,
         prompt_key=key,
         max_new_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
-        ignore_eos=bool(body.get("ignore_eos", False)),
+        ignore_eos=_flag(body, "ignore_eos"),
         include_usage=include,
         continuous_usage=continuous,
         rid=body.get("rid") if isinstance(body.get("rid"), str) else None,
@@ -351,11 +374,11 @@ def parse_generate(body: Any) -> ParsedRequest:
     return ParsedRequest(
         route="generate",
         model="",
-        stream=bool(body.get("stream", False)),
+        stream=_flag(body, "stream"),
         prompt_tokens=tokens,
         prompt_key=key,
         max_new_tokens=max_new,
-        ignore_eos=bool(params.get("ignore_eos", False)),
+        ignore_eos=_flag(params, "ignore_eos"),
         rid=body.get("rid") if isinstance(body.get("rid"), str) else None,
     )
 
