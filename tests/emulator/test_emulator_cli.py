@@ -35,11 +35,14 @@ def test_documented_invocation_parses():
             "--pool-tokens",
             "400000",
             "--no-role-chunk",
+            "--gather-tbps",
+            "3.1",
         ]
     )
     assert (cfg.tpot_ms, cfg.ttft_ms, cfg.tokens_per_chunk, cfg.max_concurrency) == (20, 150, 3, 64)
     assert cfg.cost_model.mode == "patched" and cfg.cost_model.pool_rows == 400_000
     assert cfg.role_chunk is False
+    assert cfg.cost_model.gather_bytes_per_s == pytest.approx(3.1e12)
     assert cfg.model_name == cfg.model_path  # served name defaults to the model path
 
 

@@ -62,3 +62,12 @@ def test_fp8_gather_flag_follows_the_model():
     assert EmulatorConfig(cost_model=DecodeCostModel("patched")).fp8_gather == "on"
     for mode in ("off", "upstream", "bf16"):
         assert EmulatorConfig(cost_model=DecodeCostModel(mode)).fp8_gather == "off"
+
+
+def test_gather_bandwidth_is_a_knob():
+    slow = DecodeCostModel("patched", gather_bytes_per_s=1.75e12)
+    fast = DecodeCostModel("patched")
+    # half the bandwidth doubles the byte term (the launch cost stays)
+    assert slow.per_layer_us(448_000) - fast.per_layer_us(448_000) == pytest.approx(221.2, rel=0.01)
+    with pytest.raises(ValueError, match="bandwidth"):
+        DecodeCostModel("patched", gather_bytes_per_s=0)

@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from glmserve.emulator.costmodel import GLM5_LAYERS, MODES, DecodeCostModel
+from glmserve.emulator.costmodel import GATHER_BYTES_PER_S, GLM5_LAYERS, MODES, DecodeCostModel
 
 SGLANG_VERSION = "0.5.12.post1"
 DEFAULT_MODEL_PATH = "nvidia/GLM-5-NVFP4"
@@ -136,6 +136,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="pool rows the upstream cast walks (default: --max-total-tokens)",
     )
+    p.add_argument(
+        "--gather-tbps",
+        type=float,
+        default=GATHER_BYTES_PER_S / 1e12,
+        help="gather-cast bandwidth of the patched model in TB/s (FACTS lab kernel: 3.5)",
+    )
     p.add_argument("--eos-token-id", type=int, default=DEFAULT_EOS_TOKEN_ID)
     p.add_argument(
         "--health-delay-s",
@@ -165,6 +171,7 @@ def config_from_args(ns: argparse.Namespace) -> EmulatorConfig:
         mode=ns.cost_model,
         layers=ns.layers,
         pool_rows=ns.pool_tokens if ns.pool_tokens is not None else ns.max_total_tokens,
+        gather_bytes_per_s=ns.gather_tbps * 1e12,
     )
     return EmulatorConfig(
         tpot_ms=ns.tpot_ms,

@@ -62,8 +62,8 @@ def upstream_cast_us(pool_rows: int) -> float:
     return UPSTREAM_CAST_US * pool_rows / UPSTREAM_CAST_ROWS
 
 
-def gather_us(rows: int) -> float:
-    return GATHER_LAUNCH_US + rows * GATHER_BYTES_PER_ROW / GATHER_BYTES_PER_S * 1e6
+def gather_us(rows: int, bytes_per_s: float = GATHER_BYTES_PER_S) -> float:
+    return GATHER_LAUNCH_US + rows * GATHER_BYTES_PER_ROW / bytes_per_s * 1e6
 
 
 @dataclass(frozen=True)
@@ -73,12 +73,13 @@ class DecodeCostModel:
     mode: str = "off"
     layers: int = GLM5_LAYERS
     pool_rows: int = UPSTREAM_CAST_ROWS
+    gather_bytes_per_s: float = GATHER_BYTES_PER_S
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"cost model must be one of {MODES}, not {self.mode!r}")
-        if self.layers <= 0 or self.pool_rows <= 0:
-            raise ValueError("layers and pool rows must be positive")
+        if self.layers <= 0 or self.pool_rows <= 0 or self.gather_bytes_per_s <= 0:
+            raise ValueError("layers, pool rows and gather bandwidth must be positive")
 
     @property
     def enabled(self) -> bool:
@@ -92,7 +93,7 @@ class DecodeCostModel:
         if self.mode == "upstream":
             return upstream_cast_us(self.pool_rows) + attn
         if self.mode == "patched":
-            return gather_us(active_tokens) + attn
+            return gather_us(active_tokens, self.gather_bytes_per_s) + attn
         return attn  # bf16
 
     def extra_step_s(self, active_tokens: int) -> float:
