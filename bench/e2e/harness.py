@@ -154,17 +154,35 @@ class Server:
         except OSError:
             return ""
 
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
+    def terminate(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                os.killpg(self.proc.pid, signal.SIGTERM)
+
+    def reap(self, deadline: float) -> None:
+        """Wait until `deadline` (monotonic) for the group leader, then kill the whole group."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        # SGLang's children (scheduler, detokenizer) share the group: kill whatever is left.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        self.terminate()
+        self.reap(time.monotonic() + 15)
+
+
+def stop_all(servers: Sequence[Server], grace_s: float = 15.0) -> None:
+    """SIGTERM every server first, then reap them against one shared grace period."""
+    for srv in servers:
+        srv.terminate()
+    deadline = time.monotonic() + grace_s
+    for srv in servers:
+        srv.reap(deadline)
 
 
 # ---------------------------------------------------------------- measuring
@@ -590,8 +608,8 @@ class Run:
                     self.evaluate()
                     self.save()
             finally:
+                stop_all(list(self.servers.values()))
                 for srv in self.servers.values():
-                    srv.stop()
                     if srv.proc is not None:
                         self.res(srv.spec.key)["exit_code"] = srv.proc.returncode
                     with contextlib.suppress(OSError):
