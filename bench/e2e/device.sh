@@ -22,12 +22,13 @@ export PYTHONPATH=/tmp/e2e/site HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MAX_JOBS
   FLASHINFER_CUDA_ARCH_LIST=9.0a CUDA_HOME=/usr/local/cuda PYTHONUNBUFFERED=1 \
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 echo "unpacked in $(( $(date +%s) - T0 )) s; $(nvidia-smi -L | tr '\n' ' ')"
-python3 bench/e2e/harness.py --mode device --out "$OUT" --model-dir /tmp/e2e/models --profiles-dir /tmp/e2e/profiles "$@" 2>&1 | tee "$OUT/harness.log"
+# Hard stop well inside the tool's 600 s: the harness turns SIGTERM into an orderly stop + save.
+timeout -s TERM "${E2E_HARD_S:-540}" python3 bench/e2e/harness.py --mode device --out "$OUT" --model-dir /tmp/e2e/models --profiles-dir /tmp/e2e/profiles "$@" 2>&1 | tee "$OUT/harness.log"
 rc=${PIPESTATUS[0]}
 cp /tmp/e2e/site/.e2e-bundle.json "$OUT/bundle.json" 2>/dev/null
 ( cd "$OUT" && tar -cJf logs.tar.xz $(ls -d logs buildinfo 2>/dev/null) && rm -rf logs buildinfo )
 # JIT caches for the next call; only if they fit one returned file (16 MiB).
-( cd "$HOME" && XZ_OPT="-T0 -3" timeout 90 tar -cJf /tmp/jit.tar.xz $(cd "$HOME" && ls -d .cache/flashinfer .cache/tvm-ffi .triton 2>/dev/null) ) \
+( cd "$HOME" && XZ_OPT="-T0 -3" timeout 40 tar -cJf /tmp/jit.tar.xz $(cd "$HOME" && ls -d .cache/flashinfer .cache/tvm-ffi .triton 2>/dev/null) ) \
   && [ "$(stat -c %s /tmp/jit.tar.xz)" -lt 16000000 ] && cp /tmp/jit.tar.xz "$OUT/jit.tar.xz"
 ls -la "$OUT"; echo "device.sh total $(( $(date +%s) - T0 )) s, harness rc=$rc"
 exit "$rc"
