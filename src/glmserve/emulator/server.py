@@ -3,7 +3,6 @@ port is known before anyone connects."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import socket
 import sys
@@ -31,7 +30,24 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def make_server(config: EmulatorConfig, log_level: str = "warning") -> uvicorn.Server:
+class EmulatorServer(uvicorn.Server):
+    """uvicorn.Server that calls `on_ready()` once it accepts connections."""
+
+    def __init__(self, config: uvicorn.Config, on_ready: Callable[[], None] | None = None) -> None:
+        super().__init__(config)
+        self.on_ready = on_ready
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.on_ready is not None:
+            self.on_ready()
+
+
+def make_server(
+    config: EmulatorConfig,
+    log_level: str = "warning",
+    on_ready: Callable[[], None] | None = None,
+) -> EmulatorServer:
     app = create_app(config)
     uv_config = uvicorn.Config(
         app,
@@ -48,32 +64,7 @@ def make_server(config: EmulatorConfig, log_level: str = "warning") -> uvicorn.S
         # finish; after this grace they are cancelled and count as aborted.
         timeout_graceful_shutdown=3,
     )
-    return uvicorn.Server(uv_config)
-
-
-async def serve(
-    config: EmulatorConfig,
-    sock: socket.socket,
-    on_ready: Callable[[str], None] | None = None,
-    log_level: str = "warning",
-) -> uvicorn.Server:
-    """Serve until the server is told to exit; `on_ready(url)` once it accepts connections."""
-    server = make_server(config, log_level)
-
-    async def announce() -> None:
-        while not server.started:
-            if server.should_exit:
-                return
-            await asyncio.sleep(0.01)
-        if on_ready is not None:
-            on_ready(url_of(sock))
-
-    task = asyncio.ensure_future(announce())
-    try:
-        await server.serve(sockets=[sock])
-    finally:
-        task.cancel()
-    return server
+    return EmulatorServer(uv_config, on_ready)
 
 
 def write_build_info(config: EmulatorConfig) -> None:
@@ -104,12 +95,7 @@ def run(config: EmulatorConfig, log_level: str = "warning") -> int:
         return 1
     write_build_info(config)
 
-    def ready(url: str) -> None:
-        print(READY_PREFIX + url, flush=True)
-
-    from uvicorn._compat import asyncio_run
-
-    # The same loop factory uvicorn.run would pick (uvloop when installed).
-    factory = uvicorn.Config(app=None, loop="auto").get_loop_factory()
-    asyncio_run(serve(config, sock, ready, log_level), loop_factory=factory)
+    url = url_of(sock)
+    server = make_server(config, log_level, on_ready=lambda: print(READY_PREFIX + url, flush=True))
+    server.run(sockets=[sock])  # uvloop when installed, SIGTERM/SIGINT -> graceful shutdown
     return 0

@@ -32,7 +32,7 @@ from typing import Any
 
 from glmserve.emulator.config import EmulatorConfig
 from glmserve.emulator.engine import Engine
-from glmserve.emulator.server import READY_PREFIX, bind_socket, serve, url_of
+from glmserve.emulator.server import READY_PREFIX, bind_socket, make_server, url_of
 
 
 @dataclasses.dataclass
@@ -63,29 +63,11 @@ def start_thread(config: EmulatorConfig | None = None, **overrides: Any) -> Runn
 
     def target() -> None:
         loop = asyncio.new_event_loop()
-        holder["loop"] = loop
-
-        async def main() -> None:
-            from glmserve.emulator.server import make_server
-
-            # serve() builds its own server; capture it via a tiny shim to be able to stop it.
-            server = make_server(cfg)
+        try:
+            server = make_server(cfg, on_ready=ready.set)
             holder["server"] = server
             holder["engine"] = server.config.app.state.emulator.engine
-
-            async def announce() -> None:
-                while not server.started and not server.should_exit:
-                    await asyncio.sleep(0.005)
-                ready.set()
-
-            t = asyncio.ensure_future(announce())
-            try:
-                await server.serve(sockets=[sock])
-            finally:
-                t.cancel()
-
-        try:
-            loop.run_until_complete(main())
+            loop.run_until_complete(server.serve(sockets=[sock]))
         except BaseException as exc:  # surfaced to the caller of start_thread
             errors.append(exc)
         finally:
@@ -194,7 +176,6 @@ __all__ = [
     "RunningEmulator",
     "emulator_process",
     "emulator_thread",
-    "serve",
     "start_process",
     "start_thread",
 ]
