@@ -32,8 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from uvicorn._compat import asyncio_run
-
 from glmserve.emulator.costmodel import MODES, DecodeCostModel
 from glmserve.emulator.protocol import (
     CHAT_ASSISTANT_PREFIX,
@@ -248,11 +246,10 @@ def main(argv: list[str] | None = None) -> int:
     load_before = loadavg()
     emu = start_process(emu_args)
     levels = []
-    factory = uvloop.new_event_loop if uvloop is not None else None
+    run = uvloop.run if uvloop is not None else asyncio.run
     try:
         for c in args.concurrency:
-            coro = run_level(emu.url, c, args.tokens, args.stagger_s, prompt=prompt)
-            levels.append(asyncio_run(coro, loop_factory=factory))
+            levels.append(run(run_level(emu.url, c, args.tokens, args.stagger_s, prompt=prompt)))
     finally:
         emu.stop()
     load_after = loadavg()
