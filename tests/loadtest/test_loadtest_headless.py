@@ -73,10 +73,12 @@ def test_slo_breach_exits_3_and_a_met_slo_exits_0(sse_server, tmp_path: Path) ->
     assert step["goodput_rps"] == step["requests_per_s"] > 0
 
 
-def test_sweep_measures_each_step_and_plots(sse_server, tmp_path: Path) -> None:
+def test_sweep_with_two_processes_measures_each_step_and_plots(sse_server, tmp_path: Path) -> None:
+    """The shape runs on the master, streams in the workers: their records reach the master's
+    step windows (1, 2, 4 streams), and the sweep plot is drawn."""
     url = sse_server("ok")
     run = run_locust(url, tmp_path / "rep", "--shape", "sweep", "-u", "4", "--warmup-s", "0.5",
-                     "--measure-s", "2", "--route", "chat", "--seed", "1")  # fmt: skip
+                     "--measure-s", "2", "--seed", "1", "--processes", "2")  # fmt: skip
     assert run.returncode == 0, run.output[-3000:]
     steps = run.summary["steps"]
     assert [s["streams"] for s in steps] == [1, 2, 4]

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from glmserve.loadtest.options import LoadTestOptions
-from glmserve.loadtest.stages import Stage, StagePlayer, plan, sweep_levels, tick_at
+from glmserve.loadtest.stages import Stage, StagePlayer, plan, ramp_rate, sweep_levels, tick_at
 
 
 @pytest.mark.parametrize(
@@ -25,12 +25,12 @@ def test_sweep_levels_double_and_end_on_n(n: int, levels: list[int]) -> None:
 
 
 def test_single_is_exactly_one_stream_whatever_users_say() -> None:
-    assert plan("single", 64, 2.0, 10.0) == [Stage(1, 2.0, 10.0)]
+    assert plan("single", 64, 2.0, 10.0) == [Stage(1, 2.0, 10.0, 1.0)]
     assert LoadTestOptions.from_namespace(_ns(shape="single", num_users=64)).streams == 1
 
 
 def test_concurrent_holds_n_and_zero_measure_means_until_stopped() -> None:
-    assert plan("concurrent", 8, 1.0, 5.0) == [Stage(8, 1.0, 5.0)]
+    assert plan("concurrent", 8, 1.0, 5.0) == [Stage(8, 1.0, 5.0, 16.0)]
     (stage,) = plan("concurrent", 8, 1.0, 0.0)
     assert stage.measure_s == math.inf
     assert tick_at([stage], 1e9).users == 8
@@ -58,7 +58,8 @@ def test_sweep_tick_table(t: float, want: tuple[int, str, int] | None) -> None:
     else:
         assert got is not None
         assert (got.step, got.phase, got.users) == want
-        assert got.spawn_rate >= got.users  # a step's streams start within about a second
+        # A step's new streams start over the first half of its 2 s warm-up (1 s).
+        assert got.spawn_rate == got.users - (got.users // 2 if got.users > 1 else 0)
 
 
 def test_shape_reports_each_phase_change_once_then_stops() -> None:
@@ -72,9 +73,17 @@ def test_shape_reports_each_phase_change_once_then_stops() -> None:
         wall=lambda: 100.0,
     )
     results = [player.tick(t) for t in (0.0, 0.5, 1.0, 1.5, 2.0, 3.5, 4.0)]
-    assert results == [(1, 1.0), (1, 1.0), (1, 1.0), (1, 1.0), (2, 2.0), (2, 2.0), None]
+    assert results == [(1, 2.0), (1, 2.0), (1, 2.0), (1, 2.0), (2, 2.0), (2, 2.0), None]
     assert seen == [(0, "warmup"), (0, "measure"), (1, "warmup"), (1, "measure")]
     assert ended == [100.0]
+
+
+def test_new_streams_start_over_half_the_warm_up() -> None:
+    """Spread starts keep equal-length streams out of lock-step (their TTFT would then carry
+    the burst of N simultaneous requests); no warm-up means start at once."""
+    assert ramp_rate(64, 10.0) == pytest.approx(64 / 5.0)
+    assert ramp_rate(64, 0.0) == 64.0
+    assert [s.spawn_rate for s in plan("sweep", 8, 4.0, 1.0)] == [0.5, 0.5, 1.0, 2.0]
 
 
 def test_unknown_shape_is_refused() -> None:

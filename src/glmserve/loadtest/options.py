@@ -15,6 +15,8 @@ DEFAULT_WEB_HOST = "127.0.0.1"
 # Exit code when an SLO percentile is breached: distinct from Locust's 1 (request failures)
 # and 2 (unhandled exception) so CI can tell "too slow" from "broken".
 EXIT_SLO_BREACH = 3
+# The run happened but its report could not be written: a result nobody can read is a failure.
+EXIT_REPORT_FAILED = 4
 
 
 class OptionsError(ValueError):

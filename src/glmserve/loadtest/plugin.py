@@ -14,7 +14,13 @@ import locust
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
-from glmserve.loadtest.options import EXIT_SLO_BREACH, LoadTestOptions, OptionsError, add_arguments
+from glmserve.loadtest.options import (
+    EXIT_REPORT_FAILED,
+    EXIT_SLO_BREACH,
+    LoadTestOptions,
+    OptionsError,
+    add_arguments,
+)
 from glmserve.loadtest.prompts import load_prompt_file
 from glmserve.loadtest.session import Session
 from glmserve.loadtest.shapes import DecodeShape
@@ -111,7 +117,14 @@ def _on_quitting(environment: Environment, **_: Any) -> None:
 def _finish(environment: Environment, session: Session) -> None:
     from glmserve.loadtest.report import write_report
 
-    outcome = write_report(session, environment.host or "", os.getcwd())
+    try:
+        outcome = write_report(session, environment.host or "", os.getcwd())
+    except OSError as exc:  # e.g. a read-only working directory in a container
+        log.error(
+            "could not write the report (--report-dir %s): %s", session.options.report_dir, exc
+        )
+        environment.process_exit_code = EXIT_REPORT_FAILED
+        return
     for line in outcome.breaches:
         log.error("SLO breach: %s", line)
     log.info("report written to %s", outcome.directory)
