@@ -136,7 +136,11 @@ def emulated_stack(
                 "services": {
                     "prometheus": {
                         "volumes": [f"{prom_dir}:/etc/prometheus:ro", "prometheus-data:/prometheus"]
-                    }
+                    },
+                    # Docker runs the first health probe one interval after start; `up --wait`
+                    # then returns seconds sooner.
+                    "emulator": {"healthcheck": {"interval": "1s"}},
+                    "exporter": {"healthcheck": {"interval": "1s"}},
                 }
             }
         )
@@ -163,7 +167,15 @@ def emulated_stack(
     try:
         with stack_timings.measure("compose up"):
             stack.compose(
-                "--profile", "emulated", "up", "-d", "--wait", "--wait-timeout", "120", *services
+                "--profile",
+                "emulated",
+                "up",
+                "-d",
+                "--no-build",
+                "--wait",
+                "--wait-timeout",
+                "120",
+                *services,
             )
         yield stack
     finally:

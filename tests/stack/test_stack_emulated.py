@@ -74,7 +74,9 @@ def test_docker_stop_is_clean(ci_bases: dict[str, str], tools_image: str) -> Non
     base = ["docker", "compose", "-p", project, "-f", str(REPO / "compose.yaml")]
     base += ["--profile", "emulated"]
     try:
-        run([*base, "up", "-d", "--wait", "--wait-timeout", "60", "emulator"], env=env)
+        run(
+            [*base, "up", "-d", "--no-build", "--wait", "--wait-timeout", "60", "emulator"], env=env
+        )
         run([*base, "stop", "-t", "20", "emulator"], env=env, timeout=60)
         ids = run([*base, "ps", "-a", "-q", "emulator"], env=env).stdout.split()
         assert ids, "no emulator container"
