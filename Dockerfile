@@ -67,10 +67,6 @@ ARG GLMSERVE_VERSION=0.1.0
 ARG SGLANG_VERSION=0.5.12.post1
 ARG PATCH_SERIES=0.5.12.post1
 ARG PATCH_LOCK_SHA256=1fc92e777fe2bf9fb553ae68b42dfc3e7556d66bcaa527094826aa2abf046423
-# JIT targets: SM100 (B200) and SM120 (RTX PRO 6000 Blackwell). FlashInfer's list is
-# space-separated and it adds the arch suffix itself (10.0 -> 10.0a, 12.0 -> 12.0f).
-ARG TORCH_CUDA_ARCH_LIST="10.0;12.0"
-ARG FLASHINFER_CUDA_ARCH_LIST="10.0 12.0"
 # The preflight also imports the new gather module (torch + Triton, present in the real base).
 # CI's torch-less stand-in base passes --no-import; the static checks still run there.
 ARG PREFLIGHT_ARGS=""
@@ -80,9 +76,10 @@ LABEL org.opencontainers.image.title="glmserve-server" \
       io.glmserve.sglang.version="${SGLANG_VERSION}" \
       io.glmserve.patch.series="${PATCH_SERIES}" \
       io.glmserve.patch.lock-sha256="${PATCH_LOCK_SHA256}"
-ENV TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST} \
-    FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST} \
-    FLASHINFER_WORKSPACE_BASE=/cache/jit \
+# JIT arch lists (TORCH_CUDA_ARCH_LIST, FLASHINFER_CUDA_ARCH_LIST) are NOT set here: each launch
+# profile sets the one for its GPU (SM120: 12.0f, SM100: 10.0a), so JIT builds only what that GPU
+# runs; an image-wide value would override the profile (the environment wins over a profile).
+ENV FLASHINFER_WORKSPACE_BASE=/cache/jit \
     TRITON_CACHE_DIR=/cache/jit/triton \
     TORCHINDUCTOR_CACHE_DIR=/cache/jit/inductor \
     HF_HOME=/cache/huggingface \

@@ -32,6 +32,8 @@ def write_build_info(path: str | os.PathLike[str], info: dict[str, str]) -> Path
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".build-info.")
+    # mkstemp creates 0600; the exporter reads this file as another user through a shared volume.
+    os.fchmod(fd, 0o644)
     with os.fdopen(fd, "w") as fh:
         json.dump(record, fh, indent=2, sort_keys=True)
         fh.write("\n")
