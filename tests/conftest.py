@@ -36,7 +36,9 @@ def docker_engine() -> None:
     """A running Docker engine with the compose plugin."""
     require(docker_available(), "no Docker engine is running (start dockerd, see .ci/run)")
     compose = subprocess.run(["docker", "compose", "version"], capture_output=True)
-    require(compose.returncode == 0, "the docker compose v2 plugin is missing (.ci/run installs it)")
+    require(
+        compose.returncode == 0, "the docker compose v2 plugin is missing (.ci/run installs it)"
+    )
 
 
 @pytest.fixture(scope="session")

@@ -77,4 +77,6 @@ def test_subprocess_serves_and_writes_build_info(tmp_path):
     record = json.loads(info.read_text())
     assert record["source"] == "emulator"
     assert record["fp8_gather"] == "on"
+    assert record["patch_series"] == "emulated"  # never a real series name: nothing was patched
+    assert record["patch_lock_sha256"] == ""
     assert record["sglang_version"] == "0.5.12.post1"

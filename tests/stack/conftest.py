@@ -152,6 +152,9 @@ def emulated_stack(
         PROMETHEUS_LISTEN=f"127.0.0.1:{ports['prometheus']}",
         EMULATOR_TPOT_MS=str(EMULATOR_TPOT_MS),
         EMULATOR_TTFT_MS=str(EMULATOR_TTFT_MS),
+        # Exact timing for the accuracy assertions: the demo's default cost model adds per-layer
+        # time on top of --tpot-ms.
+        EMULATOR_COST_MODEL="off",
         EXPORTER_CANARY_INTERVAL="2s",
     )
     env.pop("COMPOSE_PROFILES", None)

@@ -76,9 +76,10 @@ def write_build_info(config: EmulatorConfig) -> None:
         config.build_info_file,
         {
             "sglang_version": SGLANG_VERSION,
-            # The emulator applies no patch: the series and lock stay empty, fp8_gather says
-            # which cost model it runs.
-            "patch_series": "",
+            # The emulator applies no patch. Its 'patched' cost model reports the series as
+            # "emulated" so the demo dashboard reads "FP8 KV, patched" without claiming a real
+            # series or lock; every other model reports none, which the FP8-unpatched alert flags.
+            "patch_series": "emulated" if config.fp8_gather == "on" else "",
             "patch_lock_sha256": "",
             "fp8_gather": config.fp8_gather,
             "source": "emulator",
