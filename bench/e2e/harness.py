@@ -647,7 +647,7 @@ class Run:
             ("single-8L", 30, g8, lambda h: self.phase_single(h, g8, a.reps, a.tokens)),
             ("conc-8L", 30, g8, lambda _h: self.phase_concurrent(g8, a.conc_reps, 8, a.tokens)),
             ("canary-8L", 15, g8, lambda _h: self.phase_canary(g8, a.canary_n, a.tokens)),
-            ("single-deep", 60, deep, lambda h: self.phase_single(h, deep, 3, 64)),
+            ("single-deep", 60, deep, lambda h: self.phase_single(h, deep, a.deep_reps, 64)),
             ("greedy-deep", 40, deep, lambda h: self.phase_greedy(h, deep, deep_prompts, 16)),
             ("canary-deep", 30, deep, lambda _h: self.phase_canary(deep, 2, 64)),
             ("greedy-tp2", 25, tp2, lambda h: self.phase_greedy(h, tp2, prompts, a.greedy_tokens)),
@@ -702,6 +702,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=128, help="output tokens per timed stream")
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--conc-reps", type=int, default=3)
+    p.add_argument("--deep-reps", type=int, default=3, help="single streams per 78-layer server")
     p.add_argument("--canary-n", type=int, default=5)
     args = p.parse_args(argv)
     if args.gpus == 0:
