@@ -20,12 +20,12 @@ TPOT_MS, TTFT_MS, K = 20.0, 300.0, 2
 TPOT_BOUND, TTFT_BOUND = 0.05, 0.10  # relative; the benchmark's bound is 0.02
 
 
-@pytest.mark.parametrize("streams", [1, 16])
-def test_locust_measures_the_emulator_timing(streams: int, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("streams", "route"), [(1, "generate"), (16, "chat")])
+def test_locust_measures_the_emulator_timing(streams: int, route: str, tmp_path: Path) -> None:
     args = ["--tpot-ms", str(TPOT_MS), "--ttft-ms", str(TTFT_MS), "--tokens-per-chunk", str(K)]
     with emulator_process(args) as emu:
         run = run_locust(emu.url, tmp_path / "rep", "-u", str(streams), "--warmup-s", "2",
-                         "--measure-s", "5", "--max-tokens", "48")  # fmt: skip
+                         "--measure-s", "5", "--max-tokens", "48", "--route", route)  # fmt: skip
     assert run.returncode == 0, run.output[-3000:]
     summary = run.summary
     step = summary["steps"][0]
