@@ -1,9 +1,9 @@
 """The Locust user: one streaming request at a time, timed by glmserve.streaming.
 
-Locust's FastHttpUser client sends the request; the body is then read line by line from the
-socket and every line is fed to a StreamTimer with the time it arrived. Locust's own request
-time with stream=True stops at the headers (the body is not read yet), so the HTTP entry's
-time is replaced with the full request time before it is reported.
+Locust's FastHttpUser client sends the request over a keep-alive connection; the body is then
+read from the socket as it arrives and every read is fed to a StreamTimer with its arrival
+time. Locust's own request time with stream=True stops at the headers (the body is not read
+yet), so the HTTP entry's time is replaced with the full request time before it is reported.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def classify(error: BaseException) -> StreamError:
         return classify(original)
     if isinstance(error, LocustBadStatusCode):
         return StreamError("http_status", f"HTTP {error.code}")
-    if isinstance(error, (TimeoutError, socket.timeout)):
+    if isinstance(error, (TimeoutError, socket.timeout, gevent.Timeout)):
         return StreamError("timeout", str(error) or type(error).__name__)
     if isinstance(error, (HTTPParseError, HTTPConnectionClosed, ConnectionResetError)):
         return StreamError("broken_stream", str(error) or type(error).__name__)
