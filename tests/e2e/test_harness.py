@@ -184,3 +184,29 @@ def test_pass_through_flags_exist_in_the_pinned_sglang() -> None:
         kv = known["--kv-cache-dtype"]
         choices = next(k.value for k in kv.keywords if k.arg == "choices")
         assert spec.kv_cache_dtype in {c.value for c in choices.elts}
+
+
+def test_summarize_merges_calls_side_by_side(tmp_path: Path) -> None:
+    data = _run_dry(tmp_path)
+    raw = tmp_path / "out" / "e2e.json"
+    spec = importlib.util.spec_from_file_location(
+        "e2e_summarize", REPO / "bench" / "e2e" / "summarize.py"
+    )
+    assert spec and spec.loader
+    summarize = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summarize)
+    out = tmp_path / "summary"
+    assert (
+        summarize.main(
+            ["--out", str(out), "--provenance", "from a test", f"one={raw}", f"two={raw}"]
+        )
+        == 0
+    )
+    md = (out.parent / "summary.md").read_text()
+    assert "- from a test" in md
+    assert "| group | bar | limit | one | two |" in md
+    assert "| tp1-8L | (a) == (b) greedy tokens | all | 3/3 prompts pass | 3/3 prompts pass |" in md
+    merged = json.loads((out.parent / "summary.json").read_text())
+    rows = {r["server"]: r for r in merged["one"]["servers"]}
+    assert rows["b8"]["tpot_1_median_s"] == data["servers"]["b8"]["tpot_1"]
+    assert summarize.main(["--out", str(out), "missing-equals-sign"]) == 2
