@@ -63,11 +63,32 @@ def start_session(
     _SESSIONS[environment] = session
     shape = environment.shape_class
     if isinstance(shape, DecodeShape):
-        player = shape.configure(options)
-        player.on_phase = lambda tick, at: session.on_phase(tick, at, environment)
-        player.on_end = session.collector.close
-        shape.on_reset = session.collector.clear
+        _configure_shape(environment, session, shape)
+        shape.on_reset = lambda: _restart(environment, session, shape)
     return session
+
+
+def _configure_shape(environment: Environment, session: Session, shape: DecodeShape) -> None:
+    player = shape.configure(session.options)
+    player.on_phase = lambda tick, at: session.on_phase(tick, at, environment)
+    player.on_end = session.collector.close
+
+
+def _restart(environment: Environment, session: Session, shape: DecodeShape) -> None:
+    """A shape run starts (headless start, or each start in the web UI, whose form may have
+    changed the users and our options): re-read the options, start a fresh record."""
+    ns = environment.parsed_options
+    if ns is not None:
+        try:
+            options = LoadTestOptions.from_namespace(ns)
+            if options.prompt_file and options.prompt_file != session.options.prompt_file:
+                session.prompts = load_prompt_file(options.prompt_file)
+        except OptionsError as exc:
+            log.error("options not changed: %s", exc)
+        else:
+            session.options = options
+    session.collector.clear()
+    _configure_shape(environment, session, shape)
 
 
 def _on_test_start(environment: Environment, **_: Any) -> None:
