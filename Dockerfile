@@ -62,7 +62,7 @@ FROM ${BASE_IMAGE} AS server
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # What the image claims to be. The build below fails if the installed SGLang or the applied
 # series disagree with these, so the labels cannot drift from the content.
-# tests/stack/test_images.py checks the defaults against patches/series.lock.json.
+# tests/stack/test_compose_files.py checks the defaults against patches/series.lock.json.
 ARG GLMSERVE_VERSION=0.1.0
 ARG SGLANG_VERSION=0.5.12.post1
 ARG PATCH_SERIES=0.5.12.post1
@@ -88,25 +88,25 @@ ENV FLASHINFER_WORKSPACE_BASE=/cache/jit \
 WORKDIR /opt/glmserve-build
 COPY patches/ patches/
 COPY src/ src/
-# 1. The pinned SGLang must be what the base ships (no install here: the base pins torch,
-#    FlashInfer and sglang-kernel together). 2. Apply the series; apply.py exits non-zero and
-#    leaves the tree untouched if any hunk does not apply, which fails the build.
-#    3. Byte-compile every file the series touched, from the marker apply.py wrote.
-# find_spec locates the package without importing it (its __init__ needs torch and friends) and
-# works for both a site-packages install and the editable /sgl-workspace checkout.
+# Nothing is installed into SGLang's environment: the base pins torch, FlashInfer and
+# sglang-kernel together. apply.py picks the series for the installed SGLang, refuses drift,
+# applies all files or none (a failure fails the build), checks the after-hashes, byte-compiles
+# every touched file and writes the marker. find_spec locates the package without importing it
+# (its __init__ needs torch and friends), for a site-packages install or an editable checkout.
 RUN site="$(python3 -c 'import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec("sglang").origin).parent.parent)')" \
     && echo "SGLang package root: ${site}" \
-    && python3 -c 'import importlib.metadata as m, sys; v = m.version("sglang"); sys.exit(0 if v == sys.argv[1] else f"base image has sglang {v}, this Dockerfile pins {sys.argv[1]}")' "${SGLANG_VERSION}" \
     && python3 patches/apply.py --target "${site}" \
-    && python3 -c 'import json, pathlib, py_compile, sys; site = pathlib.Path(sys.argv[1]); marker = json.loads((site / "sglang" / ".glmserve-patch.json").read_text()); [py_compile.compile(str(site / f), doraise=True) for f in marker["files"] if f.endswith(".py")]; print("compiled", len(marker["files"]), "patched files")' "${site}" \
-    && python3 -c 'import json, pathlib, sys; site, series, lock = sys.argv[1:]; m = json.loads((pathlib.Path(site) / "sglang" / ".glmserve-patch.json").read_text()); bad = [f"{k}: label {want!r}, marker {m.get(k)!r}" for k, want in (("series", series), ("lock_sha256", lock)) if m.get(k) != want]; sys.exit("; ".join(bad) if bad else 0)' "${site}" "${PATCH_SERIES}" "${PATCH_LOCK_SHA256}" \
     && echo "${site}" >/opt/glmserve-build/sglang-site
 # glmserve core is stdlib-only, so --no-deps adds nothing to the environment SGLang pinned.
+# The preflight then checks the patch's effect on the installed code, and that the labels
+# above (SGLang version, series, lock) are exactly what apply.py recorded.
 COPY --from=tools-build /opt/wheels/ /tmp/glmserve-wheels/
 RUN PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 -m pip install --no-cache-dir --no-deps --no-index \
         /tmp/glmserve-wheels/glmserve-*.whl \
     && rm -rf /tmp/glmserve-wheels \
-    && python3 -m glmserve.patching.verify --target "$(cat /opt/glmserve-build/sglang-site)" ${PREFLIGHT_ARGS} \
+    && python3 -m glmserve.patching.verify --target "$(cat /opt/glmserve-build/sglang-site)" \
+        --expect-version "${SGLANG_VERSION}" --expect-series "${PATCH_SERIES}" \
+        --expect-lock "${PATCH_LOCK_SHA256}" ${PREFLIGHT_ARGS} \
     && mkdir -p /cache/jit /cache/huggingface /run/glmserve
 COPY entrypoint/ /opt/glmserve/entrypoint/
 VOLUME ["/cache/jit"]

@@ -300,3 +300,24 @@ def test_rules_collect_getattr_reads_on_forward_paths():
     )
     assert _BackendAnalysis(ast.parse(src)).wrapper_attrs_read() == {"_kv_indices_buf"}
     assert _BackendAnalysis(ast.parse(textwrap.dedent(GOOD))).wrapper_attrs_read() == set()
+
+
+def test_build_expectations_hold_on_the_real_patched_tree(patched):
+    """What the Dockerfile writes into its labels must be what apply.py recorded."""
+    marker = json.loads((patched / MARKER_REL).read_text())
+    args = ["--target", str(patched), "--no-import", "--expect-version", PINNED,
+            "--expect-series", marker["series"], "--expect-lock", marker["lock_sha256"]]  # fmt: skip
+    assert main(args) == 0
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "needle"),
+    [
+        ("--expect-version", "0.5.11", "installed SGLang is 0.5.12.post1, the build pins 0.5.11"),
+        ("--expect-series", "0.5.9", "marker series is '0.5.12.post1'"),
+        ("--expect-lock", "0" * 64, "marker lock_sha256 is"),
+    ],
+)
+def test_a_label_that_disagrees_with_the_install_fails(patched, capsys, flag, value, needle):
+    assert main(["--target", str(patched), "--no-import", flag, value]) == 1
+    assert needle in capsys.readouterr().err

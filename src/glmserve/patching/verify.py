@@ -77,6 +77,34 @@ def preflight(
     return problems
 
 
+def expectation_problems(
+    site: str | Path,
+    *,
+    sglang_version: str | None = None,
+    series: str | None = None,
+    lock_sha256: str | None = None,
+) -> list[str]:
+    """What an image build promises in its labels, checked against what was really installed.
+
+    The Dockerfile labels its image with the SGLang version, series and lock hash; this keeps
+    those labels from claiming anything the patch tool did not record.
+    """
+    site = Path(site)
+    problems: list[str] = []
+    if sglang_version is not None:
+        try:
+            installed = detect_version(site)
+        except PatchError as exc:
+            return [str(exc)]
+        if installed != sglang_version:
+            problems.append(f"installed SGLang is {installed}, the build pins {sglang_version}")
+    marker = read_marker(site) or {}
+    for key, want in (("series", series), ("lock_sha256", lock_sha256)):
+        if want is not None and marker.get(key) != want:
+            problems.append(f"marker {key} is {marker.get(key)!r}, the build expects {want!r}")
+    return problems
+
+
 def _parse(path: Path, problems: list[str]) -> ast.Module | None:
     data = read_optional(path)
     if data is None:
@@ -452,12 +480,20 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="do not execute the gather module (for environments without torch/Triton)",
     )
+    parser.add_argument("--expect-version", help="fail unless this SGLang version is installed")
+    parser.add_argument("--expect-series", help="fail unless the marker names this series")
+    parser.add_argument("--expect-lock", help="fail unless the marker records this lock sha256")
     args = parser.parse_args(argv)
     prog = parser.prog
     if not args.target.is_dir():
         print(f"{prog}: error: --target {args.target} is not a directory", file=sys.stderr)
         return 2
-    problems = preflight(args.target, import_gather=not args.no_import)
+    problems = expectation_problems(
+        args.target,
+        sglang_version=args.expect_version,
+        series=args.expect_series,
+        lock_sha256=args.expect_lock,
+    ) + preflight(args.target, import_gather=not args.no_import)
     if problems:
         for line in problems:
             print(f"{prog}: FAIL: {line}", file=sys.stderr)
