@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from glmserve.launch.errors import LaunchError
+from glmserve.launch.errors import LaunchError, read_json
 from glmserve.launch.inventory import Gpu
 from glmserve.launch.profiles import Profile
 
@@ -45,14 +45,7 @@ def read_model_config(model_dir: Path) -> dict[str, Any]:
         raise LaunchError(
             f"model dir {model_dir} has no config.json (not a Hugging Face model dir)"
         )
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise LaunchError(
-            f"{config_path} is not valid JSON: line {exc.lineno}: {exc.msg}"
-        ) from None
-    except OSError as exc:
-        raise LaunchError(f"cannot read {config_path}: {exc.strerror}") from None
+    config = read_json(config_path, "model config")
     if not isinstance(config, dict):
         raise LaunchError(f"{config_path} is not a JSON object")
     return config

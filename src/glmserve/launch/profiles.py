@@ -8,13 +8,12 @@ may be 3.10 (no tomllib), and must stay stdlib-only.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from glmserve.launch.errors import LaunchError
+from glmserve.launch.errors import LaunchError, read_json
 
 SCHEMA_VERSION = 1
 PROFILES_DIR_ENV = "GLMSERVE_PROFILES_DIR"
@@ -111,15 +110,7 @@ def load_profile(profiles_dir: Path, name: str) -> Profile:
 
 
 def parse_profile_file(path: Path) -> Profile:
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise LaunchError(
-            f"profile file {path} is not valid JSON: line {exc.lineno} column {exc.colno}: {exc.msg}"
-        ) from None
-    except OSError as exc:
-        raise LaunchError(f"cannot read profile file {path}: {exc.strerror}") from None
-    return _parse(raw, path)
+    return _parse(read_json(path, "profile file"), path)
 
 
 def _fail(path: Path, what: str) -> LaunchError:
