@@ -158,18 +158,23 @@ async def run_level(
     stagger_s: float,
     timeout_s: float = 300.0,
     prompt: str = "accuracy",
+    rounds: int = 1,
 ) -> dict:
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     req = StreamRequest(route="chat", prompt=prompt, max_tokens=tokens, ignore_eos=True)
     body = json.dumps(req.payload()).encode()
-    # Spread starts over one stagger window so streams do not all tick in the same ms.
-    base = time.perf_counter() + 0.2
-    starts = [base + stagger_s * i / max(concurrency, 1) for i in range(concurrency)]
-    results = await asyncio.gather(
-        *(one_stream(host, port, body, req.path, s, timeout_s) for s in starts),
-        return_exceptions=True,
-    )
+    results: list = []
+    # Waves run one after another, so a low concurrency still yields enough requests for a
+    # median; within a wave, starts spread over one stagger window so streams do not all tick
+    # in the same ms.
+    for _ in range(rounds):
+        base = time.perf_counter() + 0.2
+        starts = [base + stagger_s * i / max(concurrency, 1) for i in range(concurrency)]
+        results += await asyncio.gather(
+            *(one_stream(host, port, body, req.path, s, timeout_s) for s in starts),
+            return_exceptions=True,
+        )
     timings, failures = [], []
     for r in results:  # parsing happens here, after every stream has ended
         if isinstance(r, BaseException):
@@ -218,6 +223,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 128, 256])
     ap.add_argument("--tokens-per-chunk", type=int, default=1)
     ap.add_argument("--stagger-s", type=float, default=1.0, help="spread of stream starts")
+    ap.add_argument(
+        "--min-requests",
+        type=int,
+        default=16,
+        help="run back-to-back waves of N streams until a level has at least this many requests",
+    )
     ap.add_argument("--write", action="store_true", help="write bench/results files")
     ap.add_argument("--note", default="", help="free text for the .md (e.g. machine load)")
     ap.add_argument(
@@ -249,7 +260,12 @@ def main(argv: list[str] | None = None) -> int:
     run = uvloop.run if uvloop is not None else asyncio.run
     try:
         for c in args.concurrency:
-            levels.append(run(run_level(emu.url, c, args.tokens, args.stagger_s, prompt=prompt)))
+            rounds = -(-args.min_requests // c)  # ceil
+            levels.append(
+                run(
+                    run_level(emu.url, c, args.tokens, args.stagger_s, prompt=prompt, rounds=rounds)
+                )
+            )
     finally:
         emu.stop()
     load_after = loadavg()
@@ -351,8 +367,8 @@ def main(argv: list[str] | None = None) -> int:
             "error column then checks the model's arithmetic end to end, not a hardware fact.",
             "- Measured from outside with glmserve.streaming.StreamTimer: TPOT = (t_last - "
             "t_first)/(N-1) per request; p50/mean across requests; error vs the configured value.",
-            f"- Machine load (1/5/15 min loadavg) before: {load_before}; after: {load_after}. "
-            "Other helpers' jobs shared these 2 cores during the run.",
+            f"- Machine load (1/5/15 min loadavg) before: {load_before}; after: {load_after}; "
+            "the note below says what else ran.",
             "",
             table,
             "",
