@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from locustkit import ROOT, run_locust
+from locustkit import LOCUSTFILE, ROOT, SSE_SERVER, run_locust
 
 SHORT = ["--warmup-s", "0.5", "--measure-s", "3", "--read-timeout-s", "1"]
 
@@ -47,15 +49,44 @@ def test_every_failure_is_counted_with_its_reason_and_the_run_survives(
     assert {"summary.json", "steps.csv", "requests.csv", "latency_histograms.png"} <= reports
 
 
-def test_unreachable_target_is_a_connect_failure(tmp_path: Path) -> None:
+def test_dead_target_at_start_is_one_line_exit_2_and_no_report(tmp_path: Path) -> None:
+    """Nothing listens: refuse before any load, rather than fill a report with failures."""
     with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     run = run_locust(f"http://127.0.0.1:{port}", tmp_path / "rep", "-u", "1", "--warmup-s", "0",
                      "--measure-s", "1.5")  # fmt: skip
-    assert run.returncode == 1, run.output[-3000:]
-    assert set(run.summary["failures_total"]) == {"connect"}
-    assert "error" in run.summary["server"]
+    assert run.returncode == 2, run.output[-3000:]
+    assert f"target http://127.0.0.1:{port} is not reachable" in run.output
+    assert "Traceback" not in run.output
+    assert not (tmp_path / "rep").exists()
+
+
+def test_target_dying_mid_run_is_counted_as_connect_failures(tmp_path: Path) -> None:
+    """A server that goes away during the run: requests after that are `connect` failures."""
+    port_file = tmp_path / "port"
+    server = subprocess.Popen([sys.executable, str(SSE_SERVER), str(port_file), "ok"])
+    try:
+        deadline = time.monotonic() + 20
+        while not (port_file.exists() and port_file.read_text()):
+            assert server.poll() is None and time.monotonic() < deadline, "server did not start"
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{port_file.read_text()}"
+        argv = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "-H", url,
+                "--report-dir", str(tmp_path / "rep"), "--only-summary", "-u", "1",
+                "--warmup-s", "0", "--measure-s", "4"]  # fmt: skip
+        locust = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        time.sleep(2.0)
+        server.terminate()
+        server.wait(10)
+        output = locust.communicate(timeout=60)[0].decode()
+    finally:
+        if server.poll() is None:
+            server.kill()
+    assert locust.returncode == 1, output[-3000:]
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    assert "connect" in summary["failures_total"]
+    assert summary["steps"][0]["requests"] > 0  # the streams before the server died were timed
 
 
 def test_slo_breach_exits_3_and_a_met_slo_exits_0(sse_server, tmp_path: Path) -> None:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 import time
 import weakref
 from typing import Any
+from urllib.parse import urlsplit
 
 import locust
 from locust.env import Environment
@@ -53,7 +55,28 @@ def _on_init(environment: Environment, **_: Any) -> None:
     except OptionsError as exc:
         sys.stderr.write(f"locust decode suite: {exc}\n")
         sys.exit(2)
+    if ns.headless and not isinstance(environment.runner, WorkerRunner):
+        problem = unreachable(environment.host or "")
+        if problem:
+            # A run against nothing would only fill a report with connect failures. A target
+            # that dies mid-run is different: those requests are counted as `connect` failures.
+            sys.stderr.write(f"locust decode suite: {problem}\n")
+            sys.exit(2)
     start_session(environment, options, prompts)
+
+
+def unreachable(url: str, timeout_s: float = 5.0) -> str | None:
+    """Why a TCP connection to the target fails, or None when something listens there."""
+    parts = urlsplit(url)
+    if not parts.hostname:
+        return f"no target host in {url!r}: pass -H http://127.0.0.1:30000"
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout_s).close()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        return f"target {url} is not reachable ({reason}); is the server up?"
+    return None
 
 
 def start_session(
