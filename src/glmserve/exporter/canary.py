@@ -8,7 +8,6 @@ TTFT or TPOT from raw events.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -178,7 +177,8 @@ class Canary:
         m.ttft.observe(timing.ttft_s)
         if timing.tpot_s is not None:
             m.tpot.observe(timing.tpot_s)
-            m.decode_tps.set(1.0 / timing.tpot_s if timing.tpot_s > 0 else math.inf)
+        if timing.decode_tokens_per_s is not None:
+            m.decode_tps.set(timing.decode_tokens_per_s)
         for gap in timing.itl_s:
             m.itl.observe(gap)
         m.output_tps.set(timing.output_tokens_per_s)
