@@ -15,6 +15,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from glmserve.sglang_metrics import ITL_BUCKETS as SGLANG_ITL_BUCKETS
 from glmserve.streaming import FAILURE_REASONS, StreamError, StreamRequest, time_stream
 
 log = logging.getLogger(__name__)
@@ -39,11 +40,6 @@ def _tpot_buckets() -> tuple[float, ...]:
 
 
 TPOT_BUCKETS = _tpot_buckets()
-# The default bucket_inter_token_latency of SGLang 0.5.12.post1 (TokenizerMetricsCollector).
-SGLANG_ITL_BUCKETS = (
-    0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
-    0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000,
-)  # fmt: skip
 TTFT_BUCKETS = (
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
     8.0, 10.0, 15.0, 20.0, 30.0, 60.0,
