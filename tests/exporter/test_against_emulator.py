@@ -6,12 +6,13 @@ the closest to production the exporter gets without a GPU.
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from monitoring.livestack import start_emulator, stop_process
+from monitoring.livestack import start_emulator
 
 from exporter.helpers import failures, free_port, tpot_count, value, wait_for
 from glmserve.exporter.cli import Exporter, start
@@ -55,7 +56,8 @@ def test_kill_9_and_restart_the_emulator(emulator_port: int, exporter: Exporter,
         # Every canary token is accounted for: usage says 8 per request.
         assert value(s, "glmserve_canary_output_tokens_total") % 8 == 0
 
-        stop_process(emu, signal.SIGKILL)
+        os.kill(emu.pid, signal.SIGKILL)
+        emu.stop()  # reaps the killed process
         s = wait_for(exporter.port, lambda s: value(s, "glmserve_target_up") == 0, timeout_s=30)
         s = wait_for(exporter.port, lambda s: failures(s, "connect") >= 1, timeout_s=30)
         # The last known build info stays visible while the target is down.
@@ -69,4 +71,4 @@ def test_kill_9_and_restart_the_emulator(emulator_port: int, exporter: Exporter,
             timeout_s=30,
         )
     finally:
-        stop_process(emu)
+        emu.stop()

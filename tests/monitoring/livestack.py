@@ -28,13 +28,13 @@ from typing import Any
 import httpx
 import yaml
 
+from glmserve.emulator.testing import RunningEmulator, start_process
 from glmserve.exporter.cli import Exporter, start
 from glmserve.exporter.config import ExporterConfig
 from glmserve.streaming import StreamError, StreamRequest, time_stream
 
 ROOT = Path(__file__).resolve().parents[2]
 PROM_DIR = ROOT / "monitoring" / "prometheus"
-READY_PREFIX = "glmserve-emulator: listening on "
 
 
 def free_port() -> int:
@@ -43,29 +43,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_emulator(port: int, args: Sequence[str], timeout_s: float = 30.0) -> subprocess.Popen:
+def start_emulator(port: int, args: Sequence[str], timeout_s: float = 30.0) -> RunningEmulator:
     """The emulator CLI on a FIXED port (so a restart comes back where the exporter looks)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "glmserve.emulator", *args, "--host", "127.0.0.1",
-         "--port", str(port), "--health-delay-s", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )  # fmt: skip
-    ready = threading.Event()
-
-    def reader() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith(READY_PREFIX):
-                ready.set()
-        # keep draining until exit so the pipe never blocks the server
-
-    threading.Thread(target=reader, daemon=True).start()
-    if not ready.wait(timeout_s):
-        stop_process(proc)
-        raise RuntimeError(f"emulator on port {port} not ready in {timeout_s:g} s")
-    return proc
+    return start_process(args, port=port, timeout_s=timeout_s)
 
 
 def stop_process(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
@@ -178,7 +158,7 @@ class Load:
 
 @dataclass
 class LiveStack:
-    emulator: subprocess.Popen
+    emulator: RunningEmulator
     emulator_url: str
     exporter: Exporter
     prometheus: Prometheus
@@ -229,7 +209,7 @@ def live_stack(
             prometheus.stop()
         if exporter is not None:
             exporter.stop()
-        stop_process(emulator)
+        emulator.stop()
 
 
 def dashboard_queries() -> list[tuple[str, str]]:

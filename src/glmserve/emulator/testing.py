@@ -106,9 +106,14 @@ def start_process(
     python: str = sys.executable,
     timeout_s: float = 20.0,
     env: dict[str, str] | None = None,
+    port: int = 0,
 ) -> RunningEmulator:
-    """`python -m glmserve.emulator ARGS --host 127.0.0.1 --port 0`; waits for its ready line."""
-    argv = [python, "-m", "glmserve.emulator", *args, "--host", "127.0.0.1", "--port", "0"]
+    """`python -m glmserve.emulator ARGS --host 127.0.0.1 --port PORT`; waits for its ready line.
+
+    The default port 0 picks a free one; a fixed port lets a restarted emulator come back
+    where a client (an exporter under test) already looks.
+    """
+    argv = [python, "-m", "glmserve.emulator", *args, "--host", "127.0.0.1", "--port", str(port)]
     if not any(a.startswith("--health-delay-s") for a in args):
         argv += ["--health-delay-s", "0"]
     # stderr goes to a file: a pipe nobody drains would block a chatty server.
