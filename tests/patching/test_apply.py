@@ -67,7 +67,7 @@ def test_series_cycle_on_every_supported_version(version, make_site, snapshot):
     marker = read_marker(site)
     _, lock_sha = load_lock(PATCHES)
     assert marker == {
-        "series": version,
+        "series": series.source,
         "sglang_version": version,
         "lock_sha256": lock_sha,
         "patches": series.patch_hashes,

@@ -1,4 +1,4 @@
-"""regen: the committed per-version copies and the lock are exactly what the wheels produce."""
+"""regen: the committed lock is exactly what the one source series and the real wheels produce."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from glmserve.patching import PatchError
+from glmserve.patching import PatchError, apply, check
 from glmserve.patching.regen import differences, main, read_sources, regenerate
 from glmserve.patching.udiff import parse_patch
 from glmserve.patching.wheels import default_cache_dir, fetch_wheel
@@ -30,11 +30,14 @@ def wheels(pristine_site) -> Path:
 
 
 def test_committed_series_and_lock_equal_regen_output(wheels):
-    """The diff copies and the lock can never drift from the source series and the wheels."""
+    """The lock can never drift from the source series and the wheels; no per-version copies."""
     outputs, stale = regenerate(PATCHES, wheels, download=False)
     assert differences(PATCHES, outputs, stale) == [], "run: python -m glmserve.patching.regen"
     lock = json.loads(outputs["series.lock.json"])
     assert sorted(lock["series"]) == sorted(read_sources(PATCHES))
+    assert set(outputs) == {"series.lock.json"}, "regen must write the lock only, never copies"
+    sources = set(read_sources(PATCHES).values())
+    assert {p.parent.name for p in PATCHES.glob("*/*.patch")} == sources
     # FACTS: the backend is byte-identical across the supported range, so the lock's
     # before/after hashes agree; regen verified that per wheel rather than assuming it.
     befores = {e["files"][BACKEND]["before"] for e in lock["series"].values()}
@@ -95,29 +98,46 @@ def test_regen_refuses_a_release_that_already_ships_the_new_module(tmp_path, whe
 
 
 def test_cli_check_then_write_then_check(tmp_path, wheels, capsys):
+    """--check names the stale lock and a leftover per-version copy; a write fixes both."""
     patches = _mini_patches(tmp_path, {PINNED: PINNED, "0.5.10": PINNED})
     (patches / "0.5.10").mkdir()
-    (patches / "0.5.10" / "0002-leftover.patch").write_text("stale\n")
+    (patches / "0.5.10" / "0001-old-copy.patch").write_text("stale\n")
+    (patches / "0.5.13").mkdir()  # an unlisted series being ported: not regen's to delete
+    (patches / "0.5.13" / "0001-wip.patch").write_text("work in progress\n")
     args = ["--patches", str(patches), "--wheels", str(wheels), "--offline"]
 
     assert main([*args, "--check"]) == 1
     err = capsys.readouterr().err
-    assert "0.5.10/0001-" in err and "0.5.10/0002-leftover.patch" in err
-    assert "series.lock.json" in err
+    assert "0.5.10/0001-old-copy.patch" in err and "series.lock.json" in err
+    assert "0.5.13" not in err
 
     assert main(args) == 0
-    assert not (patches / "0.5.10" / "0002-leftover.patch").exists()
-    for src in (patches / PINNED).glob("*.patch"):
-        assert (patches / "0.5.10" / src.name).read_bytes() == src.read_bytes()
+    assert not (patches / "0.5.10").exists()
+    assert (patches / "0.5.13" / "0001-wip.patch").is_file()
     lock = json.loads((patches / "series.lock.json").read_text())
     assert sorted(lock["series"]) == ["0.5.10", PINNED]
+    assert {e["source"] for e in lock["series"].values()} == {PINNED}
 
     capsys.readouterr()
     assert main([*args, "--check"]) == 0
     assert "up to date" in capsys.readouterr().out
 
 
+def test_every_version_applies_the_source_series(tmp_path, wheels, make_site):
+    """With no copy on disk, a non-source version is patched from the source's own diffs."""
+    patches = _mini_patches(tmp_path, {PINNED: PINNED, "0.5.10": PINNED})
+    assert main(["--patches", str(patches), "--wheels", str(wheels), "--offline"]) == 0
+    assert not (patches / "0.5.10").exists()
+    site = make_site("0.5.10")
+    outcome = apply(site, patches)
+    assert outcome.action == "applied" and outcome.series == PINNED
+    # Without the source the version cannot even be checked: the diffs really come from it.
+    shutil.rmtree(patches / PINNED)
+    with pytest.raises(PatchError, match=r"0\.5\.12\.post1 holds no patches"):
+        check(site, patches)
+
+
 def test_series_json_must_name_real_sources(tmp_path):
     patches = _mini_patches(tmp_path, {"0.5.9": "0.5.10"})
-    with pytest.raises(PatchError, match=r"0\.5\.9 copies 0\.5\.10"):
+    with pytest.raises(PatchError, match=r"0\.5\.9 uses 0\.5\.10"):
         read_sources(patches)

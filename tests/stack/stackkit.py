@@ -85,7 +85,8 @@ def lock_build_args() -> dict[str, str]:
     lock = json.loads(raw)
     version = dockerfile_arg("SGLANG_VERSION")
     assert version in lock["series"], f"series.lock.json has no series for SGLang {version}"
-    return {"PATCH_SERIES": version, "PATCH_LOCK_SHA256": hashlib.sha256(raw).hexdigest()}
+    source = lock["series"][version]["source"]  # the marker names the source series applied
+    return {"PATCH_SERIES": source, "PATCH_LOCK_SHA256": hashlib.sha256(raw).hexdigest()}
 
 
 def dockerfile_arg(name: str) -> str:

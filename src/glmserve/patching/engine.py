@@ -60,7 +60,7 @@ def read_marker(site: str | Path) -> dict | None:
 
 def build_marker(series: Series) -> dict:
     return {
-        "series": series.version,
+        "series": series.source,
         "sglang_version": series.version,
         "lock_sha256": series.lock_sha256,
         "patches": series.patch_hashes,
@@ -254,7 +254,7 @@ def apply(site: str | Path, patches_dir: str | Path, *, dry_run: bool = False) -
     changes = plan(site, series, reverse=False)
     marker = build_marker(series)
     marker_ok = read_marker(site) == marker
-    v, s = series.version, series.version
+    v, s = series.version, series.source
     if not changes and marker_ok:
         return Outcome("already-applied", v, s, f"SGLang {v}: series {s} already applied", dry_run)
     if not changes:
@@ -281,7 +281,7 @@ def revert(site: str | Path, patches_dir: str | Path, *, dry_run: bool = False) 
     site, series = _resolve(site, patches_dir)
     changes = plan(site, series, reverse=True)
     has_marker = (site / MARKER_REL).exists()
-    v, s = series.version, series.version
+    v, s = series.version, series.source
     if not changes and not has_marker:
         return Outcome("not-applied", v, s, f"SGLang {v}: series {s} is not applied", dry_run)
     writes: dict[str, bytes | None] = {**changes}

@@ -1,18 +1,20 @@
-"""Regenerate the per-version series copies and `series.lock.json` from real SGLang wheels.
+"""Regenerate `series.lock.json` from the source series and real SGLang wheels.
 
-    python -m glmserve.patching.regen            # rewrite patches/<v>/ copies and the lock
-    python -m glmserve.patching.regen --check    # exit 1 if the committed files are stale
+    python -m glmserve.patching.regen            # rewrite the lock
+    python -m glmserve.patching.regen --check    # exit 1 if the committed lock is stale
 
-`patches/series.json` (hand-edited) maps every supported SGLang version to the series its diffs
-come from. A version mapped to itself is a hand-made series (the source of truth); any other
-version gets a byte-for-byte copy of its source's diffs, but only after those diffs apply, with
-no fuzz, to the files of THAT version's wheel, revert back to them, and compile. The lock then
-records the sha256 of every patch and of every target file before and after, per version.
+`patches/series.json` (hand-edited) maps every supported SGLang version to the source series its
+diffs come from: `patches/<source>/`, named after the wheel it was made against (a source maps to
+itself). The diffs are never copied: for every version, regen applies the source's diffs with no
+fuzz to the files of THAT version's wheel, reverts them back, and compiles the result; only then
+does the lock record the sha256 of every patch and of every target file before and after, per
+version. A `patches/<version>/` left over from the per-version copies of old is stale and removed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -50,7 +52,7 @@ def read_sources(patches_dir: Path) -> dict[str, str]:
     for version, source in sources.items():
         if sources.get(source) != source:
             raise PatchError(
-                f"{path}: {version} copies {source}, which must be listed as its own source"
+                f"{path}: {version} uses {source}, which must be listed as its own source"
             )
     return dict(sources)
 
@@ -107,7 +109,7 @@ def _lock_entry(
 def regenerate(
     patches_dir: Path, cache_dir: Path | None = None, *, download: bool = True
 ) -> tuple[dict[str, bytes], list[str]]:
-    """Desired contents {path relative to patches_dir: bytes} and stale copies to delete."""
+    """Desired contents {path relative to patches_dir: bytes} (the lock) and stale files to delete."""
     cache = cache_dir or default_cache_dir()
     sources = read_sources(patches_dir)
     outputs: dict[str, bytes] = {}
@@ -115,19 +117,16 @@ def regenerate(
     for version, source in sorted(sources.items()):
         patches = _source_patches(patches_dir, source)
         entries[version] = _lock_entry(version, source, patches, cache, download)
-        if version != source:
-            for name, data in patches:
-                outputs[f"{version}/{name}"] = data
     lock = {"comment": LOCK_COMMENT, "format": LOCK_FORMAT, "series": entries}
     outputs[LOCK_NAME] = (json.dumps(lock, indent=2, sort_keys=True) + "\n").encode()
-    stale = []
-    for version, source in sources.items():
-        if version == source:
-            continue
-        for p in sorted((patches_dir / version).glob("*.patch")):
-            rel = f"{version}/{p.name}"
-            if rel not in outputs:
-                stale.append(rel)
+    # Only directories named after a listed, non-source version: a series being ported for an
+    # unlisted version is work in progress, not stale.
+    stale = [
+        f"{version}/{p.name}"
+        for version, source in sorted(sources.items())
+        if version != source
+        for p in sorted((patches_dir / version).glob("*.patch"))
+    ]
     return outputs, stale
 
 
@@ -183,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         target = patches_dir / rel
         if rel in stale:
             target.unlink()
+            with contextlib.suppress(OSError):  # only if that left it empty
+                target.parent.rmdir()
             print(f"{prog}: removed {rel}")
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
