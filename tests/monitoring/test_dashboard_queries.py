@@ -74,7 +74,7 @@ def test_info_series_describes_the_emulator(stack: LiveStack):
 
 
 def test_preview_renders_from_prometheus_data(stack: LiveStack, tmp_path: Path):
-    from glmserve.exporter.preview import render_preview
+    from glmserve.monitoring.preview import render_preview
 
     wait_all_series(stack.prometheus)
     import time

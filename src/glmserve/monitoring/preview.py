@@ -1,7 +1,7 @@
 """A static matplotlib PREVIEW of the TPOT dashboard's time-series panels.
 
 No Grafana server can run where this project is tested, so the README shows this instead: the
-same panel queries (taken from glmserve.exporter.dashboard, not retyped) evaluated over a range
+same panel queries (taken from glmserve.monitoring.dashboard, not retyped) evaluated over a range
 against a real Prometheus, drawn one subplot per panel. It is labelled a preview on the image.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from glmserve.exporter.canary import TPOT_SLO_S
-from glmserve.exporter.dashboard import Panel, panels
+from glmserve.monitoring.dashboard import Panel, panels
 
 
 class RangeQuerier(Protocol):
