@@ -40,7 +40,7 @@ if (REPO / "src" / "glmserve").is_dir() and importlib.util.find_spec("glmserve")
 
 import e2e_analysis as an  # noqa: E402
 
-from glmserve import streaming  # noqa: E402
+from glmserve import sglang_api, streaming  # noqa: E402
 
 ITL_METRIC = "sglang:inter_token_latency_seconds"
 
@@ -140,7 +140,7 @@ class Server:
             self.error = f"exited with {self.proc.returncode} before ready; tail: {self.tail()}"
             return False
         try:
-            r = http.get(self.url + "/health", timeout=2.0)
+            r = http.get(self.url + sglang_api.HEALTH, timeout=2.0)
         except Exception:
             return False
         if r.status_code == 200:
@@ -203,7 +203,7 @@ def greedy_ids(
                 "ignore_eos": True,
             },
         }
-        r = http.post(url + "/generate", json=body, timeout=120.0)
+        r = http.post(url + sglang_api.GENERATE, json=body, timeout=120.0)
         r.raise_for_status()
         got = r.json()
         if "output_ids" not in got:
@@ -227,7 +227,9 @@ def concurrent_streams(url: str, n: int, max_tokens: int, prompt: str) -> dict[s
 
     def worker(i: int) -> None:
         with httpx.Client(timeout=httpx.Timeout(180.0)) as client:
-            client.get(url + "/health", timeout=10.0)  # open the connection before the barrier
+            client.get(
+                url + sglang_api.HEALTH, timeout=10.0
+            )  # open the connection before the barrier
             barrier.wait()
             try:
                 timings[i] = stream_once(url, max_tokens, f"{prompt} #{i}", client)
@@ -286,7 +288,7 @@ def canary_probe(url: str, n: int, max_tokens: int) -> tuple[float | None, list[
 
 
 def scrape_itl(http: Any, url: str) -> tuple[float, float]:
-    r = http.get(url + "/metrics", timeout=10.0)
+    r = http.get(url + sglang_api.METRICS, timeout=10.0)
     r.raise_for_status()
     return an.scrape_sum_count(r.text, ITL_METRIC)
 
@@ -418,7 +420,7 @@ class Run:
                 if srv.spec.kv_cache_dtype.startswith("fp8"):
                     r["greedy_ids_cached"] = greedy_ids(http, srv.url, prompts, new_tokens)
                 if srv.spec.variant == "fp8_patched":
-                    flushed = http.post(srv.url + "/flush_cache", timeout=30.0)
+                    flushed = http.post(srv.url + sglang_api.FLUSH_CACHE, timeout=30.0)
                     r["flush_cache_status"] = flushed.status_code
                     r["greedy_ids_repeat"] = greedy_ids(http, srv.url, prompts, new_tokens)
             except Exception as exc:

@@ -29,11 +29,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from glmserve import sglang_api
+
 Route = Literal["chat", "completions", "generate"]
 ROUTE_PATHS: dict[str, str] = {
-    "chat": "/v1/chat/completions",
-    "completions": "/v1/completions",
-    "generate": "/generate",
+    "chat": sglang_api.CHAT_COMPLETIONS,
+    "completions": sglang_api.COMPLETIONS,
+    "generate": sglang_api.GENERATE,
 }
 
 # Failure reasons are a closed set so that exporters and reports can label by them.

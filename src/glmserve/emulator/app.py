@@ -18,8 +18,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from glmserve import sglang_api
 from glmserve.emulator import protocol as P
-from glmserve.emulator.config import SGLANG_VERSION, EmulatorConfig
+from glmserve.emulator.config import EmulatorConfig
 from glmserve.emulator.engine import Engine, GenRequest, OutputBatch
 from glmserve.emulator.metrics import MetricsState, make_registry
 
@@ -416,19 +417,17 @@ def create_app(config: EmulatorConfig) -> Starlette:
             await engine.stop()
 
     routes = [
-        Route("/v1/chat/completions", chat, methods=["POST"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/generate", generate, methods=["POST", "PUT"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/health_generate", health, methods=["GET"]),
-        Route("/get_model_info", model_info, methods=["GET"]),
-        Route("/model_info", model_info, methods=["GET"]),
-        Route("/get_server_info", server_info, methods=["GET"]),
-        Route("/server_info", server_info, methods=["GET"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
-        Route("/metrics", metrics_route, methods=["GET"]),
-        Route("/metrics/", metrics_route, methods=["GET"]),
+        Route(sglang_api.CHAT_COMPLETIONS, chat, methods=["POST"]),
+        Route(sglang_api.COMPLETIONS, completions, methods=["POST"]),
+        Route(sglang_api.GENERATE, generate, methods=["POST", "PUT"]),
+        Route(sglang_api.HEALTH, health, methods=["GET"]),
+        Route(sglang_api.HEALTH_GENERATE, health, methods=["GET"]),
+        *(Route(path, model_info, methods=["GET"]) for path in sglang_api.MODEL_INFO_PATHS),
+        *(Route(path, server_info, methods=["GET"]) for path in sglang_api.SERVER_INFO_PATHS),
+        Route(sglang_api.MODELS, models, methods=["GET"]),
+        Route(sglang_api.MODELS + "/{model:path}", retrieve_model, methods=["GET"]),
+        Route(sglang_api.METRICS, metrics_route, methods=["GET"]),
+        Route(sglang_api.METRICS + "/", metrics_route, methods=["GET"]),
     ]
     app = Starlette(
         routes=routes,
@@ -499,7 +498,7 @@ def server_info_dict(state: EmulatorState) -> dict[str, Any]:
         "max_total_num_tokens": c.max_total_tokens,
         "max_req_input_len": c.context_length - 1,
         "internal_states": [internal],
-        "version": SGLANG_VERSION,
+        "version": sglang_api.SGLANG_VERSION,
         # Not in the real answer: says plainly that this is the emulator, and how it is timed.
         "glmserve_emulator": {
             "tpot_ms": c.tpot_ms,

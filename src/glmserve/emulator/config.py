@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 
 from glmserve.emulator.costmodel import GATHER_BYTES_PER_S, GLM5_LAYERS, MODES, DecodeCostModel
 
-SGLANG_VERSION = "0.5.12.post1"
 DEFAULT_MODEL_PATH = "nvidia/GLM-5-NVFP4"
 # GLM-5's max_position_embeddings (what the real server reports as context_len when no
 # --context-length is given). An emulator default, not read from the model here.

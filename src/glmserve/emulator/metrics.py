@@ -8,8 +8,9 @@ extracted from that file. Semantics mirrored from the real server:
   gauges registered without a `multiprocess_mode` (num_retracted_reqs, num_paused_reqs) carry a
   `pid` label. We render the same shape from our own state instead of using prometheus_client's
   global registry, so several emulators can live in one process (tests).
-- Scheduler metrics carry {model_name, engine_type, tp_rank, pp_rank, moe_ep_rank}; only the
-  stats-logging rank (tp_rank 0) reports them. Tokenizer metrics carry {model_name, engine_type}.
+- Scheduler metrics carry glmserve.sglang_api.SCHEDULER_LABELS; only the stats-logging rank
+  (tp_rank 0) reports them. Tokenizer metrics carry TOKENIZER_LABELS. Bucket boundaries are
+  sglang_api's too; the help texts and gauge table below are the renderer's alone.
 - inter_token_latency_seconds is observed once per *output batch* of a request: the interval
   since the previous batch is divided by the number of new tokens, that per-token value picks
   the bucket, the bucket count grows by the number of tokens and the sum grows by the whole
@@ -38,27 +39,15 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-from glmserve.sglang_metrics import ITL_BUCKETS
-
-SCHEDULER_LABELS = ("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank")
-TOKENIZER_LABELS = ("model_name", "engine_type")
-
-# Bucket boundaries copied from the 0.5.12.post1 defaults (no --bucket-* flags given).
-TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
-E2E_BUCKETS = (
-    0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800,
-    2400,
-)  # fmt: skip
-QUEUE_TIME_BUCKETS = (
-    0.0, 0.001, 0.005, 0.010, 0.050, 0.100, 0.200, 0.500, 1, 2, 3, 4, 5, 10, 15, 20, 30, 40, 50,
-    60, 70, 80, 90, 100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1200, 1400, 1600, 1800,
-    2000, 2500, 3000,
-)  # fmt: skip
-TOKEN_LENGTH_BUCKETS = (
-    100, 300, 500, 700, 1000, 1500, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 10000, 12500,
-    15000, 17500, 20000, 22500, 25000, 27500, 30000, 35000, 40000, 60000, 80000, 100000, 200000,
-    300000, 400000, 600000, 800000, 1000000, 1100000,
-)  # fmt: skip
+from glmserve.sglang_api import (
+    E2E_BUCKETS,
+    ITL_BUCKETS,
+    QUEUE_TIME_BUCKETS,
+    SCHEDULER_LABELS,
+    TOKEN_LENGTH_BUCKETS,
+    TOKENIZER_LABELS,
+    TTFT_BUCKETS,
+)
 
 # Every scheduler gauge that SchedulerMetricsCollector.log_stats sets unconditionally, plus the
 # constants from emit_constants. Help texts are the wheel's.

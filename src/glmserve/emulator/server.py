@@ -11,7 +11,8 @@ from collections.abc import Callable
 import uvicorn
 
 from glmserve.emulator.app import create_app
-from glmserve.emulator.config import SGLANG_VERSION, EmulatorConfig
+from glmserve.emulator.config import EmulatorConfig
+from glmserve.sglang_api import SGLANG_VERSION
 
 READY_PREFIX = "glmserve-emulator: listening on "
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from glmserve.sglang_metrics import ITL_BUCKETS as SGLANG_ITL_BUCKETS
+from glmserve.sglang_api import ITL_BUCKETS as SGLANG_ITL_BUCKETS
 from glmserve.streaming import FAILURE_REASONS, StreamError, StreamRequest, time_stream
 
 log = logging.getLogger(__name__)

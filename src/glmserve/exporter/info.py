@@ -24,14 +24,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from glmserve import buildinfo
+from glmserve import buildinfo, sglang_api
 
 log = logging.getLogger(__name__)
 
 PROBE_FAILURE_REASONS = ("connect", "timeout", "http_status", "malformed")
-# /server_info is current; /get_server_info is the deprecated alias that logs a warning on every
-# call in 0.5.12, so it is only the fallback for servers that lack the new path.
-INFO_PATHS = ("/server_info", "/get_server_info")
 
 INFO_LABELS = (
     "summary",
@@ -53,15 +50,14 @@ def _text(value: Any) -> str:
 
 
 def server_fields(info: dict[str, Any]) -> dict[str, str]:
-    """The labels we take from /server_info (server_args are flattened into the top level)."""
-    backend = info.get("attention_backend") or info.get("decode_attention_backend")
+    """The labels we take from /server_info, read as glmserve.sglang_api defines its fields."""
     return {
-        "sglang_version": _text(info.get("version")),
-        "model": _text(info.get("served_model_name") or info.get("model_path")),
+        "sglang_version": _text(sglang_api.info_version(info)),
+        "model": _text(sglang_api.info_model(info)),
         "kv_cache_dtype": _text(info.get("kv_cache_dtype")),
-        "attention_backend": _text(backend),
+        "attention_backend": _text(sglang_api.info_attention_backend(info)),
         "tp_size": _text(info.get("tp_size")),
-        "max_total_num_tokens": _text(info.get("max_total_num_tokens")),
+        "max_total_num_tokens": _text(sglang_api.info_kv_pool_tokens(info)),
     }
 
 
@@ -121,7 +117,8 @@ class TargetInfoCollector(Collector):
     def probe(self) -> dict[str, Any] | None:
         """GET the server info; None (and a counted reason) when the target is not healthy."""
         reason, detail = "", ""
-        for path in INFO_PATHS:
+        # The deprecated alias only when the current path is missing (404).
+        for path in sglang_api.SERVER_INFO_PATHS:
             try:
                 resp = self.client.get(self.target + path)
             except httpx.TimeoutException as exc:
@@ -130,7 +127,7 @@ class TargetInfoCollector(Collector):
             except httpx.TransportError as exc:
                 reason, detail = "connect", repr(exc)
                 break
-            if resp.status_code == 404 and path != INFO_PATHS[-1]:
+            if resp.status_code == 404 and path != sglang_api.SERVER_INFO_PATHS[-1]:
                 continue
             if resp.status_code >= 300:
                 reason, detail = "http_status", f"HTTP {resp.status_code} on {path}"
