@@ -129,7 +129,6 @@ class StreamTiming:
 class _TokenEvent:
     t: float
     tokens: int | None  # exact count when the server reported a cumulative counter
-    has_text: bool
 
 
 class SSEDecoder:
@@ -222,9 +221,9 @@ class StreamTimer:
             delta = cumulative - self._cumulative
             self._cumulative = max(cumulative, self._cumulative)
             if delta > 0:
-                self._token_events.append(_TokenEvent(t, delta, bool(text)))
+                self._token_events.append(_TokenEvent(t, delta))
         elif text:
-            self._token_events.append(_TokenEvent(t, None, True))
+            self._token_events.append(_TokenEvent(t, None))
 
     def _timing(self, t_end: float) -> StreamTiming:
         events = self._token_events

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from locustkit import LOCUSTFILE, ROOT, SSE_SERVER, run_locust
 
 SHORT = ["--warmup-s", "0.5", "--measure-s", "3", "--read-timeout-s", "1"]
@@ -149,3 +150,45 @@ def test_web_ui_binds_loopback_unless_told_otherwise() -> None:
     assert web_host() == "127.0.0.1"
     assert web_host("--web-host", "0.0.0.0") == "0.0.0.0"
     assert web_host(env_host="10.1.2.3") == "10.1.2.3"
+
+
+REGISTER = """
+import importlib.metadata as md, sys
+sys.path.insert(0, {root!r})
+real, fake = md.version, {fake!r}
+if fake:  # what importlib.metadata would report for another installed release
+    md.version = lambda name: fake if name == "geventhttpclient" else real(name)
+import glmserve.loadtest.plugin as p
+from glmserve.loadtest.users import GEVENTHTTPCLIENT_VERSION
+print(GEVENTHTTPCLIENT_VERSION, flush=True)
+p.register()
+print("registered")
+"""
+
+
+def register_with(fake: str | None) -> subprocess.CompletedProcess[str]:
+    code = REGISTER.format(root=str(ROOT / "src"), fake=fake)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+
+PINNED_GEVENTHTTPCLIENT = next(
+    line.split("==")[1].strip()
+    for line in (ROOT / "constraints.txt").read_text().splitlines()
+    if line.startswith("geventhttpclient==")
+)
+
+
+@pytest.mark.parametrize("fake", ["2.6.0", "3.0.0"])
+def test_register_refuses_another_geventhttpclient_with_one_line(fake: str) -> None:
+    """The stream reader reads geventhttpclient internals: any other release is refused."""
+    proc = register_with(fake)
+    assert proc.returncode != 0 and "registered" not in proc.stdout
+    (line,) = proc.stderr.strip().splitlines()
+    assert f"needs geventhttpclient=={PINNED_GEVENTHTTPCLIENT}" in line and f"found {fake}" in line
+
+
+def test_register_accepts_the_pinned_geventhttpclient() -> None:
+    """The version the check wants is the one constraints.txt installs."""
+    proc = register_with(None)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [PINNED_GEVENTHTTPCLIENT, "registered"]

@@ -133,6 +133,23 @@ def test_report_files_and_per_step_slo(tmp_path: Path) -> None:
     assert sum(r["ok"] == "0" for r in reqs) == 1 and len(reqs) == 17
 
 
+def test_requests_csv_puts_each_record_in_the_step_the_summary_counts_it_in(tmp_path: Path) -> None:
+    """One rule maps records to steps: a failure that started in the previous step but ended in
+    this one's measurement is this step's failure in summary.json and in requests.csv alike."""
+    session = make_session(tmp_path)
+    session.collector.add(RequestRecord(10.5, 12.5, None, "timeout"))  # began in step 0
+    session.collector.add(ok(0.2, timing(0.05, 0.010)))  # ended in step 0's warm-up: no step
+    out = write_report(session, "http://127.0.0.1:1", str(tmp_path))
+    steps = {
+        s["step"]: s for s in json.loads((out.directory / "summary.json").read_text())["steps"]
+    }
+    assert steps[1]["failures"] == {"malformed_sse": 1, "timeout": 1}
+    reqs = list(csv.DictReader((out.directory / "requests.csv").open()))
+    by_reason = {r["reason"]: r["step"] for r in reqs if r["ok"] == "0"}
+    assert by_reason == {"timeout": "1", "malformed_sse": "1"}
+    assert reqs[0]["started_at"].startswith("0.2") and reqs[0]["step"] == ""
+
+
 def test_report_without_measurement_has_nulls_not_nan(tmp_path: Path) -> None:
     session = Session(LoadTestOptions(report_dir="r", slo_ttft_ms=100.0))
     session.collector.phase(0, 1, "warmup", 0.0)

@@ -182,10 +182,6 @@ class Stack:
         return f"http://127.0.0.1:{self.ports['sglang']}"
 
     @property
-    def exporter_url(self) -> str:
-        return f"http://127.0.0.1:{self.ports['exporter']}"
-
-    @property
     def prometheus_url(self) -> str:
         return f"http://127.0.0.1:{self.ports['prometheus']}"
 

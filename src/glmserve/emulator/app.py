@@ -372,7 +372,7 @@ def create_app(config: EmulatorConfig) -> Starlette:
                 "weight_version": "default",
                 "has_image_understanding": False,
                 "has_audio_understanding": False,
-                # GLM-5's HF config (FACTS.md: GlmMoeDsaForCausalLM); model_type assumed.
+                # GLM-5's HF config (architecture GlmMoeDsaForCausalLM); model_type assumed.
                 "model_type": "glm_moe_dsa",
                 "architectures": ["GlmMoeDsaForCausalLM"],
             }

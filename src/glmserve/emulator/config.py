@@ -12,7 +12,7 @@ DEFAULT_MODEL_PATH = "nvidia/GLM-5-NVFP4"
 # GLM-5's max_position_embeddings (what the real server reports as context_len when no
 # --context-length is given). An emulator default, not read from the model here.
 DEFAULT_CONTEXT_LENGTH = 202_752
-# FACTS.md: the pool the lab numbers were taken on (FP8, 495,552 x 576).
+# The pool the cost model's lab numbers were taken on (FP8, 495,552 x 576; costmodel.py).
 DEFAULT_MAX_TOTAL_TOKENS = 495_552
 # GLM-4.x family <|user|> stop id; only used as matched_stop in "stop" finishes.
 DEFAULT_EOS_TOKEN_ID = 151_336
@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--gather-tbps",
         type=float,
         default=GATHER_BYTES_PER_S / 1e12,
-        help="gather-cast bandwidth of the patched model in TB/s (FACTS lab kernel: 3.5)",
+        help="gather-cast bandwidth of the patched model in TB/s (the lab kernel: 3.5)",
     )
     p.add_argument("--eos-token-id", type=int, default=DEFAULT_EOS_TOKEN_ID)
     p.add_argument(

@@ -1,9 +1,11 @@
 """A MODEL of the decode-step cost of FP8-KV MLA attention, upstream cast versus patched gather.
 
 This is arithmetic on lab numbers, not a measurement: it lets a no-GPU demo show the shape of
-the patch's effect on dashboards and load tests. Every constant comes from the project's shared
-FACTS file, "Lab numbers" (H200, FlashInfer fa2 MLA, 16 heads, FP8 pool 495,552 x 576,
-CUDA-graph replay, median us per layer); docs/emulator.md repeats them:
+the patch's effect on dashboards and load tests. Every constant is from one lab table, measured
+before this repository's own benchmarks (H200, FlashInfer fa2 MLA, 16 heads, FP8 pool
+495,552 x 576, CUDA-graph replay, median us per layer); docs/emulator.md ("The decode cost
+MODEL") lists it, and bench/results/gather-cast-h200-2026-11-29.md has the project's own
+measurement of the same kernels:
 
 - upstream: `get_key_buffer(...).to(bf16)` casts the WHOLE pool on every layer of every step:
   826 us per layer at 495,552 rows (~1 TB/s, compute-bound), proportional to the pool's rows,
@@ -25,23 +27,23 @@ from dataclasses import dataclass
 
 MODES = ("off", "upstream", "patched", "bf16")
 
-# FACTS.md, "Lab numbers": full-pool FP8->BF16 cast per layer at 495,552 rows.
+# Lab table: full-pool FP8->BF16 cast per layer at 495,552 rows.
 UPSTREAM_CAST_US = 826.0
 UPSTREAM_CAST_ROWS = 495_552
-# FACTS.md: the fused Triton gather-cast reached 3.5 TB/s.
+# Lab table: the fused Triton gather-cast reached 3.5 TB/s.
 GATHER_BYTES_PER_S = 3.5e12
 ROW_DIMS = 576  # kv_lora_rank 512 + qk_rope 64
 GATHER_BYTES_PER_ROW = ROW_DIMS * 3  # read 1 B (FP8) + write 2 B (BF16) per element
 # Fit to the 1 x 512 row of the lab table: fused 17.3 us - attention 14.4 us - 0.25 us of bytes.
 GATHER_LAUNCH_US = 2.6
-# FACTS.md lab table, "BF16 KV, no cast" column: (active tokens, us per layer).
+# Lab table, "BF16 KV, no cast" column: (active tokens, us per layer).
 ATTENTION_POINTS: tuple[tuple[int, float], ...] = (
     (512, 14.4),  # 1 x 512
     (65_536, 76.2),  # 1 x 65536
     (131_072, 83.9),  # 64 x 2048
     (448_000, 259.5),  # 64 x 7000
 )
-GLM5_LAYERS = 78  # FACTS.md: GLM-5-NVFP4 has 78 layers
+GLM5_LAYERS = 78  # GLM-5-NVFP4 has 78 layers (num_hidden_layers in its config.json)
 
 
 def attention_us(active_tokens: int) -> float:

@@ -12,7 +12,7 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -181,7 +181,3 @@ def validate(config: ExporterConfig) -> None:
         )
     if not config.canary_prompt:
         raise ConfigError("canary.prompt: must not be empty")
-
-
-def describe(config: ExporterConfig) -> dict[str, Any]:
-    return {f.name: getattr(config, f.name) for f in fields(config)}

@@ -8,7 +8,6 @@ import os
 import socket
 import sys
 import time
-import weakref
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -24,21 +23,12 @@ from glmserve.loadtest.options import (
     add_arguments,
 )
 from glmserve.loadtest.prompts import load_prompt_file
-from glmserve.loadtest.session import Session
+from glmserve.loadtest.session import Session, attach, find_session, sessions
 from glmserve.loadtest.shapes import DecodeShape
+from glmserve.loadtest.users import check_geventhttpclient
 
 log = logging.getLogger(__name__)
 WIRE_KEY = "glmserve_records"
-
-
-_SESSIONS: weakref.WeakKeyDictionary[Environment, Session] = weakref.WeakKeyDictionary()
-
-
-def session_of(environment: Environment) -> Session:
-    try:
-        return _SESSIONS[environment]
-    except KeyError:
-        raise RuntimeError("glmserve.loadtest.plugin.register() was not called") from None
 
 
 def _on_parser(parser: Any, **_: Any) -> None:
@@ -83,7 +73,7 @@ def start_session(
     environment: Environment, options: LoadTestOptions, prompts: list[str] | None = None
 ) -> Session:
     session = Session(options, isinstance(environment.runner, WorkerRunner), prompts)
-    _SESSIONS[environment] = session
+    attach(environment, session)
     shape = environment.shape_class
     if isinstance(shape, DecodeShape):
         _configure_shape(environment, session, shape)
@@ -115,7 +105,7 @@ def _restart(environment: Environment, session: Session, shape: DecodeShape) -> 
 
 
 def _on_test_start(environment: Environment, **_: Any) -> None:
-    session = _SESSIONS.get(environment)
+    session = find_session(environment)
     if session is None or session.is_worker:
         return
     from glmserve.loadtest.serverinfo import gather_server_info
@@ -125,7 +115,7 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
 
 
 def _on_test_stop(environment: Environment, **_: Any) -> None:
-    session = _SESSIONS.get(environment)
+    session = find_session(environment)
     if session is None or session.is_worker:
         return
     session.collector.close(time.time())
@@ -136,7 +126,7 @@ def _on_test_stop(environment: Environment, **_: Any) -> None:
 
 
 def _on_report_to_master(client_id: str, data: dict[str, Any], **_: Any) -> None:
-    for env, session in list(_SESSIONS.items()):
+    for env, session in sessions():
         if session.is_worker and env.runner is not None and env.runner.client_id == client_id:
             data[WIRE_KEY] = session.collector.take_pending()
 
@@ -145,13 +135,13 @@ def _on_worker_report(client_id: str, data: dict[str, Any], **_: Any) -> None:
     rows = data.get(WIRE_KEY)
     if not rows:
         return
-    for env, session in list(_SESSIONS.items()):
+    for env, session in sessions():
         if isinstance(env.runner, MasterRunner):
             session.collector.add_wire(rows)
 
 
 def _on_quitting(environment: Environment, **_: Any) -> None:
-    session = _SESSIONS.get(environment)
+    session = find_session(environment)
     if session is None or session.is_worker:
         return
     session.collector.close(time.time())
@@ -180,8 +170,10 @@ _registered = False
 
 
 def register() -> None:
-    """Attach the suite's listeners to Locust's global events (idempotent)."""
+    """Attach the suite's listeners to Locust's global events (idempotent), after checking that
+    the installed geventhttpclient is the one the stream reader was written against."""
     global _registered
+    check_geventhttpclient()
     if _registered:
         return
     _registered = True

@@ -112,7 +112,7 @@ def write_steps_csv(path: Path, steps: list[dict[str, Any]]) -> None:
 
 
 def write_requests_csv(path: Path, session: Session) -> None:
-    windows = session.collector.windows
+    collector = session.collector
     with path.open("w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(
@@ -129,8 +129,9 @@ def write_requests_csv(path: Path, session: Session) -> None:
                 "prompt_tokens",
             ]
         )
-        for rec in sorted(session.collector.records, key=lambda r: r.started_at):
-            step = next((win.step for win in windows if win.holds(rec)), "")
+        for rec in sorted(collector.records, key=lambda r: r.started_at):
+            number = collector.step_of(rec)
+            step = "" if number is None else number
             t = rec.timing
             if t is None:
                 w.writerow([f"{rec.started_at:.6f}", step, 0, rec.reason, "", "", "", "", "", ""])

@@ -9,6 +9,7 @@ window; failures are counted by the time they ended.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -79,17 +80,27 @@ class StepResult:
         return [v * 1e3 for v in values if v is not None]
 
 
-def split_steps(windows: list[Window], records: list[RequestRecord]) -> list[StepResult]:
-    steps = []
+def window_of(rec: RequestRecord, windows: Sequence[Window]) -> Window | None:
+    """The step window a record counts in, or None: a timed stream where the window holds it
+    (started in the step, ended in its measurement), a failure where the window saw it end.
+    Measurement windows do not overlap, so there is at most one."""
     for w in windows:
-        agg = Aggregate()
-        for rec in records:
-            if rec.timing is not None and w.holds(rec):
-                agg.add(rec.timing)
-            elif rec.timing is None and w.saw_failure(rec):
-                agg.fail(rec.reason or "unknown")
-        steps.append(StepResult(w.step, w.streams, w.measured_s(), agg))
-    return steps
+        if w.holds(rec) if rec.timing is not None else w.saw_failure(rec):
+            return w
+    return None
+
+
+def split_steps(windows: list[Window], records: list[RequestRecord]) -> list[StepResult]:
+    aggregates = {id(w): Aggregate() for w in windows}
+    for rec in records:
+        w = window_of(rec, windows)
+        if w is None:
+            continue
+        if rec.timing is not None:
+            aggregates[id(w)].add(rec.timing)
+        else:
+            aggregates[id(w)].fail(rec.reason or "unknown")
+    return [StepResult(w.step, w.streams, w.measured_s(), aggregates[id(w)]) for w in windows]
 
 
 @dataclass(frozen=True)
@@ -193,6 +204,11 @@ class Collector:
 
     def steps(self) -> list[StepResult]:
         return split_steps(self.windows, self.records)
+
+    def step_of(self, rec: RequestRecord) -> int | None:
+        """The step `rec` counts in (the same rule as steps()), None if in no measurement."""
+        w = window_of(rec, self.windows)
+        return None if w is None else w.step
 
     def failures_total(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -1,10 +1,12 @@
-"""One run's state in one Locust process: options, prompts, records and windows."""
+"""One run's state in one Locust process: options, prompts, records and windows; and the lookup
+from a Locust Environment to its Session (the plugin attaches it, the users find it)."""
 
 from __future__ import annotations
 
 import itertools
 import logging
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,3 +48,32 @@ class Session:
         if tick.phase == "measure" and environment.runner is not None:
             # Locust's own table then shows this step's steady state only.
             environment.runner.stats.reset_all()
+
+
+# Keyed by the Environment object (weakly: a finished Environment takes its session with it),
+# so several runs in one process never share state and nothing is module-global per run.
+_SESSIONS: weakref.WeakKeyDictionary[Any, Session] = weakref.WeakKeyDictionary()
+
+
+def attach(environment: Any, session: Session) -> Session:
+    _SESSIONS[environment] = session
+    return session
+
+
+def find_session(environment: Any) -> Session | None:
+    """The environment's session, or None (e.g. an Environment built by hand)."""
+    return _SESSIONS.get(environment)
+
+
+def sessions() -> list[tuple[Any, Session]]:
+    """Every live (environment, session) pair of this process (Locust's report events name a
+    runner's client id, not an environment)."""
+    return list(_SESSIONS.items())
+
+
+def session_of(environment: Any) -> Session:
+    """The environment's session; a user started without the plugin is a programming error."""
+    session = _SESSIONS.get(environment)
+    if session is None:
+        raise RuntimeError("glmserve.loadtest.plugin.register() was not called")
+    return session

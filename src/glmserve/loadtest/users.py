@@ -8,6 +8,7 @@ yet), so the HTTP entry's time is replaced with the full request time before it 
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import socket
 import time
@@ -20,6 +21,7 @@ from locust import FastHttpUser, constant, task
 from locust.contrib.fasthttp import LocustBadStatusCode
 
 from glmserve.loadtest.prompts import PromptSource
+from glmserve.loadtest.session import session_of
 from glmserve.streaming import StreamError, StreamRequest, StreamTimer, StreamTiming
 
 log = logging.getLogger(__name__)
@@ -30,6 +32,23 @@ STATS_TYPE = "STREAM"
 STAT_NAMES = {"ack": "ack", "ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "e2e"}
 
 ITL_BATCH = 32
+
+# _read_available and _discard read geventhttpclient's response internals (_body_buffer,
+# message_complete, _sock, _pool, block_size, feed), which no release promises to keep; they are
+# known to hold in this one, the pin in constraints.txt (a test keeps the two equal).
+GEVENTHTTPCLIENT_VERSION = "2.6.1"
+
+
+def check_geventhttpclient(found: str | None = None) -> None:
+    """Refuse, with one line, a geventhttpclient other than the release the reader was made for."""
+    found = found or importlib.metadata.version("geventhttpclient")
+    if found != GEVENTHTTPCLIENT_VERSION:
+        raise SystemExit(
+            f"locust decode suite: needs geventhttpclient=={GEVENTHTTPCLIENT_VERSION} (the stream "
+            f"reader uses that release's internals), found {found}; install with "
+            "pip install -c constraints.txt -e '.[loadtest]'"
+        )
+
 
 HEADERS = {
     "Accept": "text/event-stream",
@@ -126,8 +145,6 @@ class DecodeUser(FastHttpUser):
     connection_timeout = 10.0
 
     def __init__(self, environment: Any) -> None:
-        from glmserve.loadtest.plugin import session_of
-
         self.session = session_of(environment)
         opts = self.session.options
         self.network_timeout = opts.read_timeout_s
