@@ -71,15 +71,24 @@ class StreamRequest:
     max_tokens: int = 64
     ignore_eos: bool = True
     temperature: float = 0.0
+    # Token ids instead of text (the generate route only): exact prompt lengths for benchmarks.
+    input_ids: tuple[int, ...] | None = None
 
     @property
     def path(self) -> str:
         return ROUTE_PATHS[self.route]
 
     def payload(self) -> dict[str, Any]:
+        if self.input_ids is not None and self.route != "generate":
+            raise ValueError("input_ids need the generate route")
         if self.route == "generate":
+            prompt: dict[str, Any] = (
+                {"text": self.prompt}
+                if self.input_ids is None
+                else {"input_ids": list(self.input_ids)}
+            )
             return {
-                "text": self.prompt,
+                **prompt,
                 "stream": True,
                 "sampling_params": {
                     "max_new_tokens": self.max_tokens,

@@ -104,6 +104,14 @@ def test_request_payloads_ask_for_exact_token_counts() -> None:
     assert StreamRequest(route="completions").path == "/v1/completions"
 
 
+def test_generate_payload_sends_token_ids_instead_of_text_when_given() -> None:
+    ids = StreamRequest(route="generate", input_ids=(5, 6, 7)).payload()
+    assert ids["input_ids"] == [5, 6, 7] and "text" not in ids
+    assert StreamRequest(route="generate", prompt="hi").payload()["text"] == "hi"
+    with pytest.raises(ValueError, match="generate route"):
+        StreamRequest(route="chat", input_ids=(1,)).payload()
+
+
 def test_percentile_matches_linear_interpolation() -> None:
     values = [4.0, 1.0, 3.0, 2.0]
     assert percentile(values, 50) == 2.5

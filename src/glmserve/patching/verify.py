@@ -16,7 +16,10 @@
     change cannot silently send the patched path down its fallback;
   * every `*wrapper*.plan(...)` in the backend (decode, draft decode, target verify, draft
     extend, CUDA-graph capture and replay all funnel through these) is preceded by a call into
-    the gather (which refreshes its device-side row count).
+    the gather (which refreshes its device-side row count);
+  * where the backend imports the native FP8 decode module: `forward_decode` reaches its
+    kernel, the decode indices updater records every plan for it (`note_plan` after the
+    plans), and the module defines what is imported and loads as a file.
 """
 
 from __future__ import annotations
@@ -37,6 +40,11 @@ from glmserve.patching.series import MARKER_REL, read_optional, sha256_optional
 BACKEND_REL = "sglang/srt/layers/attention/flashinfer_mla_backend.py"
 GATHER_REL = "sglang/srt/layers/attention/fp8_kv_gather.py"
 GATHER_MODULE = "sglang.srt.layers.attention.fp8_kv_gather"
+NATIVE_REL = "sglang/srt/layers/attention/fp8_mla_decode.py"
+NATIVE_MODULE = "sglang.srt.layers.attention.fp8_mla_decode"
+NATIVE_KERNEL = "mla_decode_fp8"
+NATIVE_NOTE = "note_plan"
+DECODE_UPDATER = "FlashInferMLAIndicesUpdaterDecode"
 BACKEND_CLASS = "FlashInferMLAAttnBackend"
 FORWARD_METHODS = ("forward_decode", "forward_extend")
 ENV_SWITCH = "GLMSERVE_FP8_GATHER"
@@ -74,6 +82,12 @@ def preflight(
         problems += _check_flashinfer_attrs(fi_dir, analysis.wrapper_attrs_read())
     if gather is not None:
         problems += _check_gather_module(site / GATHER_REL, gather, analysis, import_gather)
+    if analysis.native_imported:
+        native = _parse(site / NATIVE_REL, problems)
+        if native is not None:
+            problems += _check_defines(
+                site / NATIVE_REL, native, analysis.native_imported, import_gather
+            )
     return problems
 
 
@@ -159,24 +173,25 @@ class _BackendAnalysis:
         for node in ast.walk(tree):
             for child in ast.iter_child_nodes(node):
                 self.parents[child] = node
-        self.imported = self._gather_imports()
+        self.imported = self._module_imports(GATHER_MODULE)
+        self.native_imported = self._module_imports(NATIVE_MODULE)
         self.switch = self._switch_names()
 
     # --- what counts as "the gather" -----------------------------------------------------
 
-    def _gather_imports(self) -> dict[str, str]:
-        """{local name: name in the gather module} for `from ...fp8_kv_gather import X`."""
+    def _module_imports(self, module: str) -> dict[str, str]:
+        """{local name: name in `module`} for `from <module> import X` (or `import ... as`)."""
         found: dict[str, str] = {}
-        short = GATHER_MODULE.rsplit(".", 1)[1]
+        short = module.rsplit(".", 1)[1]
         for node in ast.walk(self.tree):
             if isinstance(node, ast.ImportFrom) and (
-                node.module == GATHER_MODULE or (node.level == 1 and node.module == short)
+                node.module == module or (node.level == 1 and node.module == short)
             ):
                 for alias in node.names:
                     found[alias.asname or alias.name] = alias.name
             elif isinstance(node, ast.Import):
                 for alias in node.names:
-                    if alias.name == GATHER_MODULE and alias.asname:
+                    if alias.name == module and alias.asname:
                         found[alias.asname] = "*"
         return found
 
@@ -309,7 +324,46 @@ class _BackendAnalysis:
             if not any(self._gather_calls(methods[name]) for name in reached):
                 problems.append(f"{where}: {entry} never calls the fp8 gather")
         problems += self._plan_problems(where)
+        if self.native_imported:
+            problems += self._native_problems(where, methods)
         return problems
+
+    def _native_problems(self, where: str, methods: dict[str, ast.FunctionDef]) -> list[str]:
+        """The native decode kernel is reached from forward_decode, and the decode updater
+        records each plan for it after planning (else it silently stays on the gather)."""
+        problems = []
+        kernel = {local for local, name in self.native_imported.items() if name == NATIVE_KERNEL}
+        if "forward_decode" in methods and not any(
+            isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in kernel
+            for name in self._reachable("forward_decode", methods)
+            for n in ast.walk(methods[name])
+        ):
+            problems.append(f"{where}: forward_decode never calls the native {NATIVE_KERNEL}")
+        updater = next(
+            (n for n in self.tree.body if isinstance(n, ast.ClassDef) and n.name == DECODE_UPDATER),
+            None,
+        )
+        for func in [] if updater is None else updater.body:
+            if not isinstance(func, ast.FunctionDef):
+                continue
+            body = func.body
+            plans = [i for i, st in enumerate(body) if self._plans_in(st)]
+            notes = [i for i, st in enumerate(body) if _calls_attr(st, NATIVE_NOTE)]
+            if plans and not any(i > max(plans) for i in notes):
+                problems.append(
+                    f"{where}:{func.lineno}: {DECODE_UPDATER}.{func.name} plans the decode "
+                    f"wrapper but never records the plan for native decode ({NATIVE_NOTE})"
+                )
+        return problems
+
+    def _plans_in(self, node: ast.AST) -> bool:
+        return any(
+            isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute)
+            and n.func.attr == "plan"
+            and "wrapper" in " ".join(_identifiers(n.func.value)).lower()
+            for n in ast.walk(node)
+        )
 
     def _reachable(self, entry: str, methods: dict[str, ast.FunctionDef]) -> set[str]:
         seen, todo = {entry}, [entry]
@@ -427,11 +481,27 @@ def _check_flashinfer_attrs(fi_dir: Path, wanted: set[str]) -> list[str]:
     ]
 
 
-def _check_gather_module(
-    path: Path, tree: ast.Module, analysis: _BackendAnalysis, import_gather: bool
+def _calls_attr(node: ast.AST, attr: str) -> bool:
+    return any(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == attr
+        for n in ast.walk(node)
+    )
+
+
+def _check_defines(
+    path: Path, tree: ast.Module, imported: dict[str, str], import_module: bool
 ) -> list[str]:
-    where = path.name
-    problems = []
+    """The series-added module defines every name the backend imports from it (and loads)."""
+    problems = [
+        f"{path.name}: does not define {name}, which the backend imports"
+        for name in sorted({n for n in imported.values() if n != "*"} - _defined_names(tree))
+    ]
+    if import_module and not problems:
+        problems += _import_as_file(path, sorted(n for n in imported.values() if n != "*"))
+    return problems
+
+
+def _defined_names(tree: ast.Module) -> set[str]:
     defined = set()
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -441,20 +511,24 @@ def _check_gather_module(
             defined |= {t.id for t in targets if isinstance(t, ast.Name)}
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             defined |= {(a.asname or a.name).split(".")[0] for a in node.names}
-    wanted = sorted({n for n in analysis.imported.values() if n != "*"})
-    for name in wanted:
-        if name not in defined:
-            problems.append(f"{where}: does not define {name}, which the backend imports")
+    return defined
+
+
+def _check_gather_module(
+    path: Path, tree: ast.Module, analysis: _BackendAnalysis, import_gather: bool
+) -> list[str]:
+    problems = _check_defines(path, tree, analysis.imported, import_module=False)
     if not _mentions_switch_string(tree) and not _mentions_switch_string(analysis.tree):
-        problems.append(f"{where}: {ENV_SWITCH} is read nowhere: there is no A/B switch")
+        problems.append(f"{path.name}: {ENV_SWITCH} is read nowhere: there is no A/B switch")
     if import_gather and not problems:
+        wanted = sorted({n for n in analysis.imported.values() if n != "*"})
         problems += _import_as_file(path, wanted)
     return problems
 
 
 def _import_as_file(path: Path, wanted: list[str]) -> list[str]:
     """Execute the module from its file, without importing the sglang package around it."""
-    name = "_glmserve_preflight_fp8_kv_gather"
+    name = f"_glmserve_preflight_{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         return [f"{path.name}: cannot be loaded as a module"]
