@@ -70,6 +70,9 @@ ARG PATCH_LOCK_SHA256=7c937dd9636a81cd4277abc828351b1b76a49a83293f4e30a0a0b9148e
 # The preflight also imports the new gather module (torch + Triton, present in the real base).
 # CI's torch-less stand-in base passes --no-import; the static checks still run there.
 ARG PREFLIGHT_ARGS=""
+# The base's torch must be a CUDA 13 build: the digest above is documented as the -cu130 tag,
+# and elsewhere as `latest`; this checks what it holds (torch/version.py, read, not imported).
+ARG EXPECT_CUDA=13
 LABEL org.opencontainers.image.title="glmserve-server" \
       org.opencontainers.image.description="SGLang ${SGLANG_VERSION} with the FP8 KV gather-then-cast patch series, for GLM-5-NVFP4 on Blackwell" \
       org.opencontainers.image.version="${GLMSERVE_VERSION}" \
@@ -106,7 +109,7 @@ RUN PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 -m pip insta
     && rm -rf /tmp/glmserve-wheels \
     && python3 -m glmserve.patching.verify --target "$(cat /opt/glmserve-build/sglang-site)" \
         --expect-version "${SGLANG_VERSION}" --expect-series "${PATCH_SERIES}" \
-        --expect-lock "${PATCH_LOCK_SHA256}" ${PREFLIGHT_ARGS} \
+        --expect-lock "${PATCH_LOCK_SHA256}" --expect-cuda "${EXPECT_CUDA}" ${PREFLIGHT_ARGS} \
     && mkdir -p /cache/jit /cache/huggingface /run/glmserve
 COPY entrypoint/ /opt/glmserve/entrypoint/
 VOLUME ["/cache/jit"]

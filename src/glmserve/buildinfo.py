@@ -1,4 +1,4 @@
-"""Build info: which SGLang, which patch series, and whether the gather path is on.
+"""Build info: which SGLang, which patch series, whether its path runs, and the gather switch.
 
 The launcher writes it inside the server container (the emulator writes one in the demo); the
 exporter reads it from a volume shared read-only, because the patch marker lives inside the
@@ -14,7 +14,16 @@ from pathlib import Path
 
 DEFAULT_PATH = "/run/glmserve/build-info.json"
 ENV_VAR = "GLMSERVE_BUILD_INFO"
-FIELDS = ("sglang_version", "patch_series", "patch_lock_sha256", "fp8_gather", "source")
+# attention_backend: the decode backend the launcher asked SGLang for ("flashinfer" = the patched
+# path; "nsa" = DSA, which the series does not touch; "" = unknown or left to SGLang).
+FIELDS = (
+    "sglang_version",
+    "patch_series",
+    "patch_lock_sha256",
+    "fp8_gather",
+    "attention_backend",
+    "source",
+)
 
 
 def default_path() -> Path:

@@ -166,6 +166,12 @@ def test_corrupt_build_info_file_is_not_fatal(tmp_path):
         ({"kv_cache_dtype": "bfloat16", "max_total_num_tokens": "8000"}, False,
          "BF16 KV, patch unknown, pool 8000"),
         ({"kv_cache_dtype": "auto"}, False, "KV auto, patch unknown"),
+        # DSA: the image carries the series, the path does not run it.
+        ({"kv_cache_dtype": "fp8_e4m3", "attention_backend": "nsa", "patch_series": "0.5.12.post1",
+          "fp8_gather": "", "max_total_num_tokens": "960000"}, True,
+         "FP8 KV, nsa attention, patch not in use, pool 960k"),
+        ({"kv_cache_dtype": "fp8_e4m3", "attention_backend": "flashinfer",
+          "patch_series": "0.5.12.post1", "fp8_gather": "on"}, True, "FP8 KV, patched"),
     ],
 )  # fmt: skip
 def test_summary_line(labels, build_present, expected):
@@ -188,3 +194,22 @@ def test_info_labels_come_from_server_info_and_build_file(tmp_path):
         ("build_source", "launcher"),
     ]:
         assert f"{key}={json.dumps(value)}" in line, key
+
+
+def test_a_dsa_build_is_not_summarised_as_patched_even_with_the_server_down(tmp_path):
+    """With no server answer yet, the build file's attention backend alone decides."""
+    path = tmp_path / "build-info.json"
+    buildinfo.write_build_info(
+        path,
+        {"sglang_version": "0.5.12.post1", "patch_series": "0.5.12.post1", "fp8_gather": "",
+         "attention_backend": "nsa", "source": "launcher"},
+    )  # fmt: skip
+    registry = CollectorRegistry()
+
+    def down(request):
+        raise httpx.ConnectError("refused", request=request)
+
+    TargetInfoCollector(TARGET, httpx.Client(transport=httpx.MockTransport(down)), registry, path)
+    text = generate_latest(registry).decode()
+    assert 'summary="KV unknown, nsa attention, patch not in use"' in text
+    assert 'attention_backend="nsa"' in text

@@ -37,7 +37,7 @@ def base_env(tmp_path: Path) -> dict[str, str]:
 
 @pytest.fixture
 def launch(base_env: dict[str, str]) -> Callable[..., Outcome]:
-    """launch(argv, env=..., gpus=..., version=..., marker=..., preflight=..., selftest=...)."""
+    """launch(argv, env=, gpus=, version=, marker=, preflight=, selftest=, driver=, cuda=)."""
 
     def _launch(
         argv: list[str],
@@ -49,6 +49,8 @@ def launch(base_env: dict[str, str]) -> Callable[..., Outcome]:
         marker: Any = "good",
         preflight: list[str] | None = None,
         selftest: tuple[str, str] = ("passed", "bit-identical on 3 cases"),
+        driver: str | None = "580.95.05",
+        cuda: str | None = "13.0",
     ) -> Outcome:
         rec = Recorder()
         environ = {**base_env, **(env or {})}
@@ -61,6 +63,8 @@ def launch(base_env: dict[str, str]) -> Callable[..., Outcome]:
         host = Host(
             environ=environ,
             gpus=lambda _env: list(gpus if gpus is not None else gpus_like(RTX, 8)),
+            driver_version=lambda: driver,
+            cuda_version=lambda _env: cuda,
             sglang_site=lambda: site,
             detect_version=lambda _site: version,
             read_marker=lambda _site: good_marker() if marker == "good" else marker,

@@ -26,6 +26,7 @@ from glmserve import buildinfo
 
 RTX_PROFILE = "glm5-nvfp4-rtxpro6000-tp8"
 B200_PROFILE = "glm5-nvfp4-b200-tp8"
+B200_DENSE = "glm5-nvfp4-b200-tp8-dense"
 GLM_ARGS = ["--model-path", str(GLM_FIXTURE)]
 
 
@@ -68,24 +69,78 @@ def test_dry_run_rtx_profile_argv_is_exactly_launcher_inputs_then_profile_flags(
         "fp8_e4m3",
         "--attention-backend",
         "flashinfer",
+        "--disable-shared-experts-fusion",
         "--disable-custom-all-reduce",
+        "--cuda-graph-max-bs",
+        "64",
+        "--max-running-requests",
+        "64",
+        "--mem-fraction-static",
+        "0.85",
+        "--reasoning-parser",
+        "glm45",
+        "--tool-call-parser",
+        "glm47",
         "--enable-metrics",
     ]
     assert report["env"]["FLASHINFER_CUDA_ARCH_LIST"] == "12.0f"
     assert report["env_sources"]["FLASHINFER_CUDA_ARCH_LIST"] == "profile"
     assert report["sglang"]["version"] == PINNED and report["sglang"]["fp8_gather"] == "on"
+    assert report["sglang"]["patch_in_use"] is True
+    assert report["warnings"] == []  # running requests capped at the captured graph size
     assert "not probed" in report["gpus"]
 
 
-def test_dry_run_b200_profile_keeps_custom_all_reduce_and_targets_sm100(launch):
+def test_dry_run_b200_default_is_dsa_and_does_not_claim_the_patch(launch):
     report = dry(launch, ["--profile", B200_PROFILE, *GLM_ARGS])
     argv = report["argv"]
     assert "--disable-custom-all-reduce" not in argv  # NVLink: custom all-reduce is the fast path
     assert argv[argv.index("--quantization") + 1] == "modelopt_fp4"
     assert argv[argv.index("--kv-cache-dtype") + 1] == "fp8_e4m3"
-    assert argv[argv.index("--attention-backend") + 1] == "flashinfer"
+    assert argv[argv.index("--attention-backend") + 1] == "nsa"
+    assert argv[argv.index("--nsa-prefill-backend") + 1] == "trtllm"
+    assert argv[argv.index("--nsa-decode-backend") + 1] == "trtllm"
+    assert argv[argv.index("--moe-runner-backend") + 1] == "flashinfer_trtllm"
     assert "--enable-metrics" in argv
     assert report["env"]["FLASHINFER_CUDA_ARCH_LIST"] == "10.0a"
+    assert report["sglang"]["patch_in_use"] is False
+    assert report["sglang"]["attention_backend"] == "nsa"
+    assert report["sglang"]["fp8_gather"] == "n/a"
+
+
+def test_dry_run_b200_dense_ab_profile_runs_the_patched_path(launch):
+    report = dry(launch, ["--profile", B200_DENSE, *GLM_ARGS])
+    argv = report["argv"]
+    assert argv[argv.index("--attention-backend") + 1] == "flashinfer"
+    assert "--nsa-decode-backend" not in argv
+    assert report["sglang"]["patch_in_use"] is True and report["sglang"]["fp8_gather"] == "on"
+
+
+@pytest.mark.parametrize("marker", [None, {"series": "0.5.12", "sglang_version": "0.5.12"}])
+def test_dsa_profile_serves_without_the_patch_and_records_that(launch, base_env, marker):
+    """DSA reads FP8 natively: no marker, preflight or self-test is needed, and the build info
+    must not claim a patched path (no fp8_gather, attention backend nsa)."""
+    outcome = launch(
+        ["--profile", B200_PROFILE, *GLM_ARGS],
+        gpus=gpus_like(B200, 8),
+        marker=marker,
+        preflight=["would fail if it ran"],
+        selftest=("failed", "would fail if it ran"),
+    )
+    assert outcome.code == 0, outcome.err
+    assert outcome.rec.selftests == 0 and len(outcome.rec.execs) == 1
+    assert "self-test not run: attention backend nsa" in outcome.err
+    info = buildinfo.read_build_info(base_env["GLMSERVE_BUILD_INFO"])
+    assert info["fp8_gather"] == "" and info["attention_backend"] == "nsa"
+    assert info["patch_series"] == ("" if marker is None else "0.5.12")
+
+
+def test_extra_args_moving_a_patched_profile_off_flashinfer_drop_the_patch_checks(launch):
+    report = dry(
+        launch, ["--profile", "tiny-mla", "--", "--attention-backend", "triton"], marker=None
+    )
+    assert report["sglang"]["patch_in_use"] is False
+    assert report["sglang"]["attention_backend"] == "triton"
 
 
 @pytest.mark.parametrize("profile", ["tiny-mla", "tiny-mla-78l"])
@@ -377,6 +432,7 @@ def test_start_runs_selftest_writes_build_info_then_execs(launch, base_env):
         "patch_series": PINNED,
         "patch_lock_sha256": "ab" * 32,
         "fp8_gather": "on",
+        "attention_backend": "flashinfer",
         "source": "launcher",
     }
 
@@ -440,3 +496,54 @@ def test_list_profiles(launch):
     outcome = launch(["--list-profiles"])
     assert outcome.code == 0
     assert [line.split("\t")[0] for line in outcome.out.splitlines()] == PROFILE_NAMES
+
+
+# ---------------------------------------------------------------- host driver (cu130 image)
+
+
+@pytest.mark.parametrize("mode", [["--check"], []])
+def test_a_driver_too_old_for_the_cuda_runtime_is_refused_before_counting_gpus(launch, mode):
+    outcome = launch([*mode, "--profile", RTX_PROFILE, *GLM_ARGS], driver="570.172.08", gpus=[])
+    assert_refused(outcome, "driver 570.172.08 is too old", "CUDA 13.0", "580.65.06", "R580+")
+
+
+@pytest.mark.parametrize("driver", ["580.65.06", "580.95.05", "590.48.01"])
+def test_an_r580_driver_passes(launch, driver):
+    outcome = launch(["--check", "--profile", RTX_PROFILE, *GLM_ARGS], driver=driver)
+    assert outcome.code == 0, outcome.err
+
+
+def test_unknown_driver_or_cuda_is_not_guessed(launch):
+    for kw in ({"driver": None}, {"cuda": None}):
+        outcome = launch(["--check", "--profile", RTX_PROFILE, *GLM_ARGS], **kw)
+        assert outcome.code == 0, outcome.err
+
+
+# ---------------------------------------------------------------- CUDA graphs vs running batch
+
+
+def test_a_batch_that_can_outgrow_the_cuda_graphs_is_warned_about(launch):
+    """The H200 run: --cuda-graph-max-bs 16 with SGLang's pool-sized running limit let 16 load
+    streams + the canary decode eagerly. The dry run and the start both say so."""
+    argv = ["--profile", RTX_PROFILE, *GLM_ARGS, "--", "--cuda-graph-max-bs", "16"]
+    report = dry(launch, argv)
+    [warning] = report["warnings"]
+    assert "captured up to batch 16" in warning and "--max-running-requests 64" in warning
+    assert "canary" in warning
+    started = launch(argv)
+    assert started.code == 0
+    assert "glmserve.launch: warning: decode CUDA graphs are captured up to batch 16" in started.err
+
+
+@pytest.mark.parametrize(
+    "extra, warned",
+    [
+        ([], False),  # the profile's own 64/64
+        (["--max-running-requests", "32"], False),
+        (["--max-running-requests", "65"], True),
+        (["--disable-cuda-graph"], False),
+    ],
+)
+def test_cuda_graph_warning_follows_the_final_argv(launch, extra, warned):
+    report = dry(launch, ["--profile", RTX_PROFILE, *GLM_ARGS, "--", *extra])
+    assert bool(report["warnings"]) is warned, report["warnings"]

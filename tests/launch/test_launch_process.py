@@ -83,8 +83,26 @@ def test_dry_run_on_a_patched_tree_keeps_a_json_arg_intact(patched, tmp_path):
         "version": PINNED,
         "site": str(patched),
         "patch_series": PINNED,
+        "attention_backend": "flashinfer",
+        "patch_in_use": True,
         "fp8_gather": "on",
     }
+
+
+def test_dsa_profile_dry_runs_on_an_unpatched_tree(pristine, tmp_path):
+    """The B200 default reads FP8 natively (nsa): a real, unpatched SGLang tree is enough."""
+    proc = launch(
+        pristine,
+        tmp_path,
+        "--dry-run",
+        "--profile",
+        "glm5-nvfp4-b200-tp8",
+        "--model-path",
+        str(GLM_FIXTURE),
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["sglang"]["patch_series"] == "" and report["sglang"]["patch_in_use"] is False
 
 
 def test_unpatched_tree_is_refused_in_one_line(pristine, tmp_path):

@@ -13,7 +13,12 @@ from launch_helpers import PINNED, PROFILE_NAMES, PROFILES_DIR, TINY_MODEL
 from glmserve.launch import LaunchError, load_profile, parse_profile_file
 from glmserve.launch.profiles import LAUNCHER_OWNED_FLAGS, find_profiles_dir
 
-REQUIRED = {"glm5-nvfp4-rtxpro6000-tp8", "glm5-nvfp4-b200-tp8", "tiny-mla"}
+REQUIRED = {
+    "glm5-nvfp4-rtxpro6000-tp8",
+    "glm5-nvfp4-b200-tp8",
+    "glm5-nvfp4-b200-tp8-dense",
+    "tiny-mla",
+}
 
 
 def test_the_required_profiles_ship():
@@ -30,18 +35,61 @@ def test_shipped_profile_parses_and_documents_every_flag(name):
     assert not {a.split("=")[0] for a in profile.args} & set(LAUNCHER_OWNED_FLAGS)
 
 
-def test_glm_profiles_carry_the_issue_flags():
-    for name in ("glm5-nvfp4-rtxpro6000-tp8", "glm5-nvfp4-b200-tp8"):
-        p = load_profile(PROFILES_DIR, name)
-        pairs = dict(zip(p.args, [*p.args[1:], ""], strict=True))
-        assert pairs["--quantization"] == "modelopt_fp4"
-        assert pairs["--kv-cache-dtype"] == "fp8_e4m3"
-        assert pairs["--attention-backend"] == "flashinfer"
-        assert "--enable-metrics" in p.args
-        assert p.tp == 8 and p.model.quant_algo == "NVFP4"
+def _pairs(args) -> dict[str, str]:
+    """flag -> value ("" for a valueless flag)."""
+    out = {}
+    for i, token in enumerate(args):
+        if token.startswith("--"):
+            nxt = args[i + 1] if i + 1 < len(args) else "--"
+            out[token] = "" if nxt.startswith("--") else nxt
+    return out
+
+
+GLM_PROFILES = ("glm5-nvfp4-rtxpro6000-tp8", "glm5-nvfp4-b200-tp8", "glm5-nvfp4-b200-tp8-dense")
+
+
+@pytest.mark.parametrize("name", GLM_PROFILES)
+def test_glm_profiles_carry_the_recipe_flags(name):
+    p = load_profile(PROFILES_DIR, name)
+    pairs = _pairs(p.args)
+    assert pairs["--quantization"] == "modelopt_fp4"
+    assert pairs["--kv-cache-dtype"] == "fp8_e4m3"
+    # BF16 shared expert beside NVFP4 routed experts (sglang issue 29562).
+    assert "--disable-shared-experts-fusion" in p.args
+    assert pairs["--reasoning-parser"] == "glm45" and pairs["--tool-call-parser"] == "glm47"
+    # Explicit memory split, and a running batch that never outgrows the captured graphs.
+    assert 0.8 <= float(pairs["--mem-fraction-static"]) <= 0.9
+    assert int(pairs["--max-running-requests"]) == int(pairs["--cuda-graph-max-bs"]) <= 256
+    assert "--enable-metrics" in p.args
+    assert p.tp == 8 and p.model.quant_algo == "NVFP4"
+
+
+def test_rtx_profile_is_the_patched_dense_path_for_pcie_boxes():
     rtx = load_profile(PROFILES_DIR, "glm5-nvfp4-rtxpro6000-tp8")
-    assert "--disable-custom-all-reduce" in rtx.args and rtx.capability_majors == (12,)
-    assert load_profile(PROFILES_DIR, "glm5-nvfp4-b200-tp8").capability_majors == (10,)
+    pairs = _pairs(rtx.args)
+    assert pairs["--attention-backend"] == "flashinfer" and rtx.capability_majors == (12,)
+    assert "--disable-custom-all-reduce" in rtx.args
+    assert int(pairs["--cuda-graph-max-bs"]) <= 64  # 96 GB cards: recipes use 32-64
+    assert rtx.env["NCCL_IB_DISABLE"] == "1"
+    # Only safe with IOMMU passthrough: documented, never a profile default.
+    assert "NCCL_P2P_LEVEL" not in rtx.env
+
+
+def test_b200_default_is_dsa_and_the_dense_patched_path_is_the_named_ab():
+    dsa = load_profile(PROFILES_DIR, "glm5-nvfp4-b200-tp8")
+    dense = load_profile(PROFILES_DIR, "glm5-nvfp4-b200-tp8-dense")
+    d = _pairs(dsa.args)
+    assert d["--attention-backend"] == "nsa"
+    assert d["--nsa-prefill-backend"] == d["--nsa-decode-backend"] == "trtllm"
+    assert d["--moe-runner-backend"] == "flashinfer_trtllm"
+    assert "GLMSERVE_FP8_GATHER" not in dsa.env  # no patched code on this path
+    assert _pairs(dense.args)["--attention-backend"] == "flashinfer"
+    assert dense.env["GLMSERVE_FP8_GATHER"] == "1"
+    assert dsa.capability_majors == dense.capability_majors == (10,)
+    # The A/B differs only in attention: same memory, graphs, MoE and parsers.
+    attention = {"--attention-backend", "--nsa-prefill-backend", "--nsa-decode-backend"}
+    strip = lambda ps: {k: v for k, v in ps.items() if k not in attention}  # noqa: E731
+    assert strip(d) == strip(_pairs(dense.args))
 
 
 def test_tiny_profiles_point_at_the_shipped_model():

@@ -4,6 +4,10 @@ The source is read from the real sglang wheel (downloaded once into .cache/wheel
 tests do) and parsed with ast: SGLang itself is never imported (it needs torch and CUDA), yet a
 typo, a renamed flag or an invalid choice in a profile fails here instead of on a GPU host 7
 minutes into model loading.
+
+Some choices are not literals in server_args.py but registries elsewhere in the wheel, e.g.
+`choices=["auto"] + list(ReasoningParser.DetectorMap.keys())`: those are followed through the
+module's imports to the class's dict literal, so `--reasoning-parser glm45` is checked too.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import ast
 import json
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
@@ -36,27 +41,91 @@ class FlagSpec:
         return self.action not in VALUELESS_ACTIONS
 
 
-def _literal_strings(node: ast.AST, constants: dict[str, frozenset[str]]) -> frozenset[str] | None:
-    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
-        values = [e.value for e in node.elts if isinstance(e, ast.Constant)]
-        if len(values) == len(node.elts) and all(isinstance(v, str) for v in values):
-            return frozenset(values)
+class _Resolver:
+    """Turns a `choices=` expression into a set of strings, or None when it cannot.
+
+    Handles list/tuple/set literals, names bound to them (module constants such as
+    ATTENTION_BACKEND_CHOICES and function locals), `a + b`, and `list(Cls.Attr.keys())` where
+    Cls is imported from another module of the wheel and Attr is a dict literal in its body.
+    """
+
+    def __init__(self, tree: ast.Module, read_module: Callable[[str], str]) -> None:
+        self.read_module = read_module
+        self.bindings: dict[str, ast.AST] = {}
+        self.imports: dict[str, str] = {}  # imported name -> module
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                target = node.targets[0]
+                if isinstance(target, ast.Name):
+                    self.bindings.setdefault(target.id, node.value)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                for alias in node.names:
+                    self.imports[alias.asname or alias.name] = node.module
+
+    def strings(self, node: ast.AST, depth: int = 0) -> frozenset[str] | None:
+        if depth > 8:
+            return None
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            values = [e.value for e in node.elts if isinstance(e, ast.Constant)]
+            if len(values) == len(node.elts) and all(isinstance(v, str) for v in values):
+                return frozenset(values)
+            return None
+        if isinstance(node, ast.Name) and node.id in self.bindings:
+            return self.strings(self.bindings[node.id], depth + 1)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            left, right = self.strings(node.left, depth + 1), self.strings(node.right, depth + 1)
+            return None if left is None or right is None else left | right
+        registry = _registry_ref(node)
+        if registry is not None:
+            return self.registry_keys(*registry)
         return None
-    if isinstance(node, ast.Name):
-        return constants.get(node.id)
+
+    def registry_keys(self, cls: str, attr: str) -> frozenset[str] | None:
+        module = self.imports.get(cls)
+        if module is None:
+            return None
+        tree = ast.parse(self.read_module(module))
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and node.name == cls:
+                for item in node.body:
+                    target = getattr(item, "target", None) or next(
+                        iter(getattr(item, "targets", [])), None
+                    )
+                    value = getattr(item, "value", None)
+                    if (
+                        isinstance(target, ast.Name)
+                        and target.id == attr
+                        and isinstance(value, ast.Dict)
+                    ):
+                        keys = [k.value for k in value.keys if isinstance(k, ast.Constant)]
+                        return frozenset(str(k) for k in keys)
+        return None
+
+
+def _registry_ref(node: ast.AST) -> tuple[str, str] | None:
+    """("Cls", "Attr") for `list(Cls.Attr.keys())`, else None."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+        return None
+    if node.func.id != "list" or len(node.args) != 1:
+        return None
+    inner = node.args[0]
+    if not (
+        isinstance(inner, ast.Call)
+        and isinstance(inner.func, ast.Attribute)
+        and inner.func.attr == "keys"
+    ):
+        return None
+    owner = inner.func.value
+    if isinstance(owner, ast.Attribute) and isinstance(owner.value, ast.Name):
+        return owner.value.id, owner.attr
     return None
 
 
-def parse_server_args(source: str) -> dict[str, FlagSpec]:
+def parse_server_args(
+    source: str, read_module: Callable[[str], str] = lambda _m: ""
+) -> dict[str, FlagSpec]:
     tree = ast.parse(source)
-    constants: dict[str, frozenset[str]] = {}
-    for node in tree.body:  # module-level CHOICES lists, e.g. ATTENTION_BACKEND_CHOICES
-        if isinstance(node, ast.Assign) and len(node.targets) == 1:
-            target = node.targets[0]
-            if isinstance(target, ast.Name):
-                values = _literal_strings(node.value, constants)
-                if values is not None:
-                    constants[target.id] = values
+    resolver = _Resolver(tree, read_module)
     specs: dict[str, FlagSpec] = {}
     for node in ast.walk(tree):
         if not (
@@ -75,7 +144,7 @@ def parse_server_args(source: str) -> dict[str, FlagSpec]:
         spec = FlagSpec(
             options=options,
             action=action.value if isinstance(action, ast.Constant) else None,
-            choices=_literal_strings(kw["choices"], constants) if "choices" in kw else None,
+            choices=resolver.strings(kw["choices"]) if "choices" in kw else None,
             type_name=kw["type"].id if isinstance(kw.get("type"), ast.Name) else None,
         )
         for option in options:
@@ -91,7 +160,13 @@ def specs(require) -> dict[str, FlagSpec]:
         require(False, f"cannot get the sglang {PINNED} wheel: {exc}")
     with zipfile.ZipFile(wheel) as zf:
         source = zf.read(SERVER_ARGS).decode("utf-8")
-    return parse_server_args(source)
+        names = set(zf.namelist())
+
+        def read_module(module: str) -> str:
+            path = module.replace(".", "/") + ".py"
+            return zf.read(path).decode("utf-8") if path in names else ""
+
+        return parse_server_args(source, read_module)
 
 
 def test_the_parse_sees_the_real_parser(specs):
@@ -101,6 +176,11 @@ def test_the_parse_sees_the_real_parser(specs):
     assert "modelopt_fp4" in specs["--quantization"].choices
     assert specs["--enable-metrics"].action == "store_true"
     assert specs["--port"].type_name == "int"
+    # Followed through the imports to the parser registries (not literals in server_args.py).
+    assert {"auto", "glm45", "deepseek-r1"} <= specs["--reasoning-parser"].choices
+    assert {"auto", "glm47", "glm45"} <= specs["--tool-call-parser"].choices
+    assert {"trtllm", "flashmla_kv"} <= specs["--nsa-decode-backend"].choices
+    assert "flashinfer_trtllm" in specs["--moe-runner-backend"].choices
 
 
 def check_argv(argv: list[str], specs: dict[str, FlagSpec]) -> list[str]:
@@ -172,6 +252,10 @@ def test_the_checker_rejects_what_it_should(specs):
         "--enable-metrics=1",
         "--port",
         "x",
+        "--reasoning-parser",
+        "glm5",
+        "--tool-call-parser",
+        "glm48",
     ]
     problems = check_argv(bad, specs)
-    assert len(problems) == 4, problems
+    assert len(problems) == 6, problems

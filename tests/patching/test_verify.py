@@ -19,6 +19,7 @@ from glmserve.patching.verify import (
     FLASHINFER_WRAPPER,
     GATHER_REL,
     _BackendAnalysis,
+    cuda_build_problems,
     main,
     preflight,
 )
@@ -321,3 +322,50 @@ def test_build_expectations_hold_on_the_real_patched_tree(patched):
 def test_a_label_that_disagrees_with_the_install_fails(patched, capsys, flag, value, needle):
     assert main(["--target", str(patched), "--no-import", flag, value]) == 1
     assert needle in capsys.readouterr().err
+
+
+TORCH_VERSION_PY = """\
+from typing import Optional
+
+__all__ = ['__version__', 'debug', 'cuda', 'git_version', 'hip', 'xpu']
+__version__ = '2.11.0+cu{tag}'
+debug = False
+cuda: Optional[str] = {cuda}
+git_version = '0123456789abcdef'
+hip: Optional[str] = None
+"""
+
+
+@pytest.mark.parametrize(
+    ("cuda", "tag", "needle"),
+    [
+        ("'13.0'", "130", None),
+        ("'12.9'", "129", "built for CUDA 12.9, the image needs CUDA 13.x"),
+        ("None", "cpu", "not a CUDA build"),
+    ],
+)
+def test_the_base_image_cuda_build_is_checked(tmp_path, capsys, cuda, tag, needle):
+    """A digest that is really a cu12x `latest` fails the build at the preflight."""
+    site = tmp_path / "site"
+    (site / "torch").mkdir(parents=True)
+    (site / "torch" / "version.py").write_text(TORCH_VERSION_PY.format(cuda=cuda, tag=tag))
+    problems = cuda_build_problems(site, "13", torch_required=True)
+    if needle is None:
+        assert problems == []
+    else:
+        [problem] = problems
+        assert needle in problem
+
+
+def test_a_torchless_stand_in_base_passes_only_with_no_import(tmp_path, monkeypatch):
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    assert cuda_build_problems(tmp_path, "13", torch_required=False) == []
+    [problem] = cuda_build_problems(tmp_path, "13", torch_required=True)
+    assert "torch not found" in problem
+
+
+def test_expect_cuda_reaches_the_cli(patched, capsys):
+    (patched / "torch").mkdir()
+    (patched / "torch" / "version.py").write_text(TORCH_VERSION_PY.format(cuda="'12.9'", tag="129"))
+    assert main(["--target", str(patched), "--no-import", "--expect-cuda", "13"]) == 1
+    assert "built for CUDA 12.9" in capsys.readouterr().err

@@ -62,7 +62,8 @@ def server_fields(info: dict[str, Any]) -> dict[str, str]:
 
 
 def summarize(labels: dict[str, str], build_present: bool) -> str:
-    """One human line, e.g. "FP8 KV, patched, pool 495k"."""
+    """One human line, e.g. "FP8 KV, patched, pool 495k" or "FP8 KV, nsa attention, patch not in
+    use, pool 96k"."""
     dtype = labels.get("kv_cache_dtype", "")
     if dtype.startswith("fp8"):
         kv = "FP8 KV"
@@ -70,7 +71,12 @@ def summarize(labels: dict[str, str], build_present: bool) -> str:
         kv = "BF16 KV"
     else:
         kv = f"KV {dtype or 'unknown'}"
-    if not build_present:
+    backend = labels.get("attention_backend", "")
+    if backend and backend != "flashinfer":
+        # DSA (nsa) and the other backends read the pool through code the series never touches:
+        # an installed series must not read as "patched" there.
+        patch = f"{backend} attention, patch not in use"
+    elif not build_present:
         patch = "patch unknown"
     elif not labels.get("patch_series"):
         patch = "unpatched"
@@ -186,8 +192,9 @@ class TargetInfoCollector(Collector):
             labels["patch_lock_sha256"] = build.get("patch_lock_sha256", "")
             labels["fp8_gather"] = build.get("fp8_gather", "")
             labels["build_source"] = build.get("source", "")
-            if not labels["sglang_version"]:
-                labels["sglang_version"] = build.get("sglang_version", "")
+            for key in ("sglang_version", "attention_backend"):  # the server's answer wins
+                if not labels[key]:
+                    labels[key] = build.get(key, "")
         labels["summary"] = summarize(labels, build is not None)
         info = InfoMetricFamily(
             "glmserve_server",

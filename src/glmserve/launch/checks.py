@@ -11,7 +11,7 @@ from typing import Any
 
 from glmserve.launch.errors import LaunchError, read_json
 from glmserve.launch.inventory import Gpu
-from glmserve.launch.profiles import Profile
+from glmserve.launch.profiles import Profile, flag_value
 
 ALLOW_ANY_ARCH_HINT = "--allow-any-arch (or GLMSERVE_ALLOW_ANY_ARCH=1)"
 
@@ -110,7 +110,11 @@ def check_sglang(
     site: Path | None,
     version: str | None,
     marker: Mapping[str, Any] | None,
+    require_patch: bool = True,
 ) -> None:
+    """The installed SGLang is the profile's, and (when its path runs the patched file) patched
+    for that version. A profile whose attention backend the series does not touch (DSA) only
+    needs the right version: a missing or stale marker is irrelevant to it."""
     if site is None or version is None:
         raise LaunchError("SGLang is not installed in this Python environment")
     if version != profile.sglang_version:
@@ -118,6 +122,8 @@ def check_sglang(
             f"installed SGLang is {version} (in {site}), but profile '{profile.name}' and the "
             f"patch series are for SGLang {profile.sglang_version}"
         )
+    if not require_patch:
+        return
     if marker is None:
         raise LaunchError(
             f"SGLang {version} in {site} is not patched (no sglang/.glmserve-patch.json); "
@@ -177,3 +183,64 @@ def fp8_gather_state(env: Mapping[str, str]) -> str:
             f"GLMSERVE_FP8_GATHER={raw!r} must be 1 (gather, default) or 0 (upstream)"
         )
     return "on" if raw == "1" else "off"
+
+
+# Minimum Linux driver per CUDA major (NVIDIA's CUDA 13.0 / 12.x release notes, "CUDA Toolkit and
+# Minimum Required Driver Version"). The pinned base image is cu130, so in practice: R580+.
+MIN_DRIVER = {13: "580.65.06", 12: "525.60.13"}
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.strip().split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def check_driver(driver: str | None, cuda: str | None) -> None:
+    """Refuse a host driver older than the image's CUDA runtime needs. Unknown either way (no
+    nvidia-smi, no CUDA in this environment): nothing to compare, the GPU check still runs."""
+    if not driver or not cuda:
+        return
+    cuda_major = _version_tuple(cuda)[:1]
+    needed = MIN_DRIVER.get(cuda_major[0]) if cuda_major else None
+    have = _version_tuple(driver)
+    if needed is None or not have or have >= _version_tuple(needed):
+        return
+    raise LaunchError(
+        f"host NVIDIA driver {driver} is too old for this image's CUDA {cuda}: it needs "
+        f"{needed} or newer (R{needed.split('.')[0]}+); upgrade the host driver (docs/deploy.md)"
+    )
+
+
+def cuda_graph_warning(argv: Sequence[str]) -> str | None:
+    """One line when a running batch can outgrow the captured decode CUDA graphs.
+
+    SGLang replays a graph only for batches up to --cuda-graph-max-bs; a larger batch decodes
+    eagerly, several times slower (TPOT 6.9 -> 91 ms measured with 17 running vs 16 captured).
+    The exporter's canary is one more running request, so N load streams + canary = N + 1.
+    """
+    if "--disable-cuda-graph" in argv:
+        return None
+    max_bs = flag_value(argv, "--cuda-graph-max-bs")
+    if max_bs is None:
+        return None  # SGLang sizes both from the GPU: nothing the launcher can compare
+    running = flag_value(argv, "--max-running-requests")
+    try:
+        if running is not None and int(running) <= int(max_bs):
+            return None
+    except ValueError:
+        return None  # SGLang's own parser will refuse the value
+    allows = (
+        f"--max-running-requests {running} allows more"
+        if running is not None
+        else "--max-running-requests is unset (SGLang sizes it from the KV pool)"
+    )
+    return (
+        f"decode CUDA graphs are captured up to batch {max_bs} but {allows}: a larger running "
+        "batch (the exporter's canary counts as one request) decodes without graphs, several "
+        f"times slower; set --max-running-requests {max_bs} to queue instead (docs/deploy.md)"
+    )

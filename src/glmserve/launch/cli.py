@@ -25,8 +25,10 @@ from glmserve.launch.profiles import (
     PROFILES_DIR_ENV,
     Profile,
     available,
+    decode_attention_backend,
     find_profiles_dir,
     load_profile,
+    uses_patched_path,
 )
 
 PROG = "glmserve.launch"
@@ -252,7 +254,7 @@ def build_plan(profile: Profile, inputs: Inputs, environ: Mapping[str, str], pyt
     return Plan(profile, inputs, argv, env, managed, sources)
 
 
-def _report(plan: Plan, sglang: dict[str, str], gpus: str) -> dict[str, Any]:
+def _report(plan: Plan, sglang: dict[str, Any], gpus: str, warnings: list[str]) -> dict[str, Any]:
     return {
         "profile": plan.profile.name,
         "profile_file": str(plan.profile.path),
@@ -265,6 +267,7 @@ def _report(plan: Plan, sglang: dict[str, str], gpus: str) -> dict[str, Any]:
         "env_sources": plan.sources,
         "sglang": sglang,
         "gpus": gpus,
+        "warnings": warnings,
     }
 
 
@@ -291,39 +294,58 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
 
     # --- validation: nothing has started yet ---
     checks.check_model(profile, inputs.model_path)
+    backend = decode_attention_backend(plan.argv)
+    patched_path = uses_patched_path(plan.argv)
     site = host.sglang_site()
     version = host.detect_version(site) if site is not None else None
     marker = host.read_marker(site) if site is not None and version is not None else None
-    checks.check_sglang(profile, site, version, marker)
-    assert site is not None and marker is not None  # check_sglang refused otherwise
-    problems = host.preflight(site)
-    if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise LaunchError(f"patched SGLang in {site} fails the preflight: {problems[0]}{more}")
-    fp8_gather = checks.fp8_gather_state(plan.env)
+    checks.check_sglang(profile, site, version, marker, require_patch=patched_path)
+    assert site is not None  # check_sglang refused otherwise
+    if patched_path:
+        problems = host.preflight(site)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise LaunchError(f"patched SGLang in {site} fails the preflight: {problems[0]}{more}")
+    # Validated on every path (compose always passes it), recorded only where it means something.
+    gather = checks.fp8_gather_state(plan.env)
+    fp8_gather = gather if patched_path else ""
     checks.check_writable_dir(checks.flashinfer_cache_dir(plan.env), "FlashInfer JIT cache dir")
+    series = str((marker or {}).get("series", ""))
     sglang_info = {
         "version": str(version),
         "site": str(site),
-        "patch_series": str(marker.get("series", "")),
-        "fp8_gather": fp8_gather,
+        "patch_series": series,
+        "attention_backend": backend or "(SGLang's choice)",
+        "patch_in_use": patched_path,
+        "fp8_gather": fp8_gather or "n/a",
     }
+    warnings = [w for w in [checks.cuda_graph_warning(plan.argv)] if w]
     if ns.dry_run:
-        json.dump(_report(plan, sglang_info, "not probed (--dry-run)"), out, indent=2)
+        json.dump(_report(plan, sglang_info, "not probed (--dry-run)", warnings), out, indent=2)
         out.write("\n")
         return 0
 
+    # The driver first: with one too old for the image's CUDA, torch reports no GPUs at all.
+    checks.check_driver(host.driver_version(), host.cuda_version(environ))
     gpus = host.gpus(environ)
     checks.check_gpus(profile, inputs.tp, gpus, inputs.allow_any_arch)
     gpu_line = ", ".join(f"{g.index}:{g.name} (sm {g.capability_str})" for g in gpus[: inputs.tp])
     if ns.check:
-        json.dump(_report(plan, sglang_info, gpu_line), out, indent=2)
+        json.dump(_report(plan, sglang_info, gpu_line, warnings), out, indent=2)
         out.write("\n")
         return 0
     checks.check_build_info_target(inputs.build_info)
 
     # --- start sequence ---
-    if inputs.skip_selftest:
+    for warning in warnings:
+        print(f"{PROG}: warning: {warning}", file=err)
+    if not patched_path:
+        print(
+            f"{PROG}: self-test not run: attention backend {backend or '(SGLang default)'} "
+            "does not use the patched flashinfer MLA path",
+            file=err,
+        )
+    elif inputs.skip_selftest:
         print(f"{PROG}: self-test skipped by override", file=err)
     else:
         status, detail = host.run_selftest(plan.env)
@@ -337,9 +359,12 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
         inputs.build_info,
         {
             "sglang_version": str(version),
-            "patch_series": str(marker.get("series", "")),
-            "patch_lock_sha256": str(marker.get("lock_sha256", "")),
+            # What is installed, even where this profile's path does not run it; the
+            # attention backend (and fp8_gather left empty) says whether it does.
+            "patch_series": series,
+            "patch_lock_sha256": str((marker or {}).get("lock_sha256", "")),
             "fp8_gather": fp8_gather,
+            "attention_backend": backend,
             "source": "launcher",
         },
     )

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from glmserve.launch.errors import LaunchError
-from glmserve.launch.inventory import Gpu, detect_gpus
+from glmserve.launch.inventory import Gpu, cuda_runtime_version, detect_gpus, driver_version
 
 
 def sglang_site() -> Path | None:
@@ -78,6 +78,8 @@ def _exec(file: str, argv: list[str], env: Mapping[str, str]) -> NoReturn:
 class Host:
     environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
     gpus: Callable[[Mapping[str, str]], list[Gpu]] = detect_gpus
+    driver_version: Callable[[], str | None] = driver_version
+    cuda_version: Callable[[Mapping[str, str]], str | None] = cuda_runtime_version
     sglang_site: Callable[[], Path | None] = sglang_site
     detect_version: Callable[[Path], str] = detect_version
     read_marker: Callable[[Path], dict[str, Any] | None] = read_marker

@@ -112,3 +112,36 @@ def _lookup(gpus: list[Gpu], token: str) -> Gpu | None:
     # MIG-... and anything else: not resolvable to a capability here, so stop like CUDA would on
     # an unknown entry rather than guess.
     return None
+
+
+def driver_version() -> str | None:
+    """The host's NVIDIA driver version from nvidia-smi, or None when it cannot be asked.
+
+    Asked before torch: with a driver too old for the image's CUDA, torch just reports no GPUs,
+    which would read as a GPU-count problem instead of the driver problem it is.
+    """
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run(
+            [exe, "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    except (subprocess.SubprocessError, OSError):
+        return None
+    lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
+    return lines[0] if lines else None
+
+
+def cuda_runtime_version(environ: Mapping[str, str]) -> str | None:
+    """The CUDA runtime SGLang will run on: torch's build, else the image's CUDA_VERSION
+    (NVIDIA's base images set it), else unknown."""
+    try:
+        import torch
+    except ImportError:
+        return environ.get("CUDA_VERSION") or None
+    return getattr(torch.version, "cuda", None) or environ.get("CUDA_VERSION") or None

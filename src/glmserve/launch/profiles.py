@@ -8,7 +8,7 @@ may be 3.10 (no tomllib), and must stay stdlib-only.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -220,3 +220,33 @@ def _parse_model(raw: Any, path: Path) -> ModelSpec:
         expect=dict(expect),
         default_path=default_path,
     )
+
+
+def flag_value(argv: Sequence[str], *names: str) -> str | None:
+    """The value SGLang's argparse ends up with for a value option: the last `--flag v` or
+    `--flag=v` among `names` (profile args come first, extra args after, so the user's wins)."""
+    value = None
+    for i, token in enumerate(argv):
+        flag, eq, inline = token.partition("=")
+        if flag in names:
+            if eq:
+                value = inline
+            elif i + 1 < len(argv):
+                value = argv[i + 1]
+    return value
+
+
+def decode_attention_backend(argv: Sequence[str]) -> str:
+    """The decode attention backend an argv asks for ("" = left to SGLang, which picks nsa for
+    GLM-5 and fa3/trtllm_mla for other MLA models: never the patched flashinfer path)."""
+    return (
+        flag_value(argv, "--decode-attention-backend")
+        or flag_value(argv, "--attention-backend")
+        or ""
+    )
+
+
+def uses_patched_path(argv: Sequence[str]) -> bool:
+    """True when decode runs SGLang's flashinfer MLA backend, the file the patch series changes.
+    DSA (nsa) and every other backend read the KV pool through code the series does not touch."""
+    return decode_attention_backend(argv) == "flashinfer"

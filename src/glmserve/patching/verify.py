@@ -119,6 +119,51 @@ def expectation_problems(
     return problems
 
 
+def _torch_version_file(site: Path) -> Path | None:
+    """torch/version.py next to SGLang, else wherever this interpreter finds torch (an editable
+    SGLang checkout lives outside site-packages). Located, never imported."""
+    beside = site / "torch" / "version.py"
+    if beside.is_file():
+        return beside
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.origin:
+        return None
+    found = Path(spec.origin).parent / "version.py"
+    return found if found.is_file() else None
+
+
+def cuda_build_problems(site: str | Path, cuda_major: str, *, torch_required: bool) -> list[str]:
+    """The base image's torch must be a CUDA `cuda_major` build: the Dockerfile pins the -cu130
+    tag by digest, and public documents also call that digest `latest`, so the build checks what
+    the digest really holds instead of trusting either name. Read from torch/version.py (`cuda =
+    '13.0'`) with ast; a torch-less stand-in base (torch_required=False) has nothing to check."""
+    path = _torch_version_file(Path(site))
+    if path is None:
+        return ["torch not found: cannot tell which CUDA the base image is built for"] * bool(
+            torch_required
+        )
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+        if isinstance(target, ast.Name) and target.id == "cuda":
+            value = getattr(node, "value", None)
+            cuda = value.value if isinstance(value, ast.Constant) else None
+            if not isinstance(cuda, str):
+                return [
+                    f"base image torch ({path}) is not a CUDA build; expected CUDA {cuda_major}"
+                ]
+            if cuda.split(".")[0] != cuda_major:
+                return [
+                    f"base image torch is built for CUDA {cuda}, the image needs CUDA "
+                    f"{cuda_major}.x (is BASE_IMAGE the -cu{cuda_major}0 build? check its digest "
+                    "with docker buildx imagetools inspect)"
+                ]
+            return []
+    return [f"{path}: no cuda = ... assignment; cannot tell the base image's CUDA"]
+
+
 def _parse(path: Path, problems: list[str]) -> ast.Module | None:
     data = read_optional(path)
     if data is None:
@@ -557,6 +602,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--expect-version", help="fail unless this SGLang version is installed")
     parser.add_argument("--expect-series", help="fail unless the marker names this series")
     parser.add_argument("--expect-lock", help="fail unless the marker records this lock sha256")
+    parser.add_argument(
+        "--expect-cuda",
+        metavar="MAJOR",
+        help="fail unless the installed torch is a CUDA MAJOR build (with --no-import, a base "
+        "without torch passes)",
+    )
     args = parser.parse_args(argv)
     prog = parser.prog
     if not args.target.is_dir():
@@ -568,6 +619,10 @@ def main(argv: list[str] | None = None) -> int:
         series=args.expect_series,
         lock_sha256=args.expect_lock,
     ) + preflight(args.target, import_gather=not args.no_import)
+    if args.expect_cuda:
+        problems += cuda_build_problems(
+            args.target, args.expect_cuda, torch_required=not args.no_import
+        )
     if problems:
         for line in problems:
             print(f"{prog}: FAIL: {line}", file=sys.stderr)
