@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from emu_helpers import sse_events
+from support.sse import sse_events
 
 OPENAI_ERROR_KEYS = {"object", "message", "type", "param", "code"}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from emu_helpers import json_events
+from support.sse import json_events
 
 from glmserve.emulator.protocol import NATURAL_MIN, NATURAL_SPAN, natural_length, tokens_text
 from glmserve.emulator.testing import emulator_thread

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from sglang_reference import COLLECTOR_PATH, extract, extract_from_wheel, wheel_member
+from support.sglang_reference import COLLECTOR_PATH, extract, extract_from_wheel, wheel_member
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".cache" / "wheels"

@@ -12,9 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from monitoring.livestack import start_emulator
+from support.exporter import failures, tpot_count, value, wait_for
+from support.livestack import start_emulator
+from support.net import free_port
 
-from exporter.helpers import failures, free_port, tpot_count, value, wait_for
 from glmserve.exporter.cli import Exporter, start
 from glmserve.exporter.config import ExporterConfig
 

@@ -7,8 +7,9 @@ import itertools
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
+from support.exporter import StepClock, broken_body, mock_client
+from support.sse import chat_events
 
-from exporter.helpers import StepClock, broken_body, chat_events, mock_client
 from glmserve.exporter.canary import (
     SGLANG_ITL_BUCKETS,
     TPOT_BUCKETS,

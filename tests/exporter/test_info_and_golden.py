@@ -12,8 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest
+from support.exporter import BUILD_INFO, StepClock, mock_client
+from support.sse import SERVER_INFO, chat_events
 
-from exporter.helpers import BUILD_INFO, SERVER_INFO, StepClock, chat_events, mock_client
 from glmserve import buildinfo
 from glmserve.exporter.canary import Canary, CanaryMetrics
 from glmserve.exporter.info import TargetInfoCollector, summarize

@@ -15,21 +15,23 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from support.exporter import failures, scrape, tpot_count, value, wait_for
+from support.net import free_port
+from support.sse import SSEServer
 
-from exporter.helpers import FakeSGLang, failures, free_port, scrape, tpot_count, value, wait_for
 from glmserve.exporter.cli import Exporter, start
 from glmserve.exporter.config import ExporterConfig
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeSGLang]:
-    server = FakeSGLang().start()
-    yield server
-    server.stop()
+def fake() -> Iterator[SSEServer]:
+    # A 3 s stall outlasts the canary's 1 s timeout without keeping a thread around for long.
+    with SSEServer(stall_s=3.0) as server:
+        yield server
 
 
 @pytest.fixture
-def exporter(fake: FakeSGLang, tmp_path) -> Iterator[Exporter]:
+def exporter(fake: SSEServer, tmp_path) -> Iterator[Exporter]:
     config = ExporterConfig(
         target=fake.url,
         listen_address="127.0.0.1:0",
@@ -44,7 +46,7 @@ def exporter(fake: FakeSGLang, tmp_path) -> Iterator[Exporter]:
     running.stop()
 
 
-def test_kill_and_restart_target(fake: FakeSGLang, exporter: Exporter):
+def test_kill_and_restart_target(fake: SSEServer, exporter: Exporter):
     port = exporter.port
     s = wait_for(port, lambda s: tpot_count(s) >= 2 and value(s, "glmserve_target_up") == 1)
     assert 0 < value(s, "glmserve_canary_tpot_seconds_sum") / tpot_count(s) < 0.5
@@ -58,20 +60,18 @@ def test_kill_and_restart_target(fake: FakeSGLang, exporter: Exporter):
 
 
 @pytest.mark.parametrize(
-    ("mode", "reason"),
-    [("http500", "http_status"), ("broken", "broken_stream"), ("malformed", "malformed_sse"),
-     ("slow", "timeout")],
-)  # fmt: skip
-def test_faults_over_real_sockets_are_counted_by_reason(fake, exporter, mode, reason):
-    fake.mode = mode
+    "reason", ["http_status", "broken_stream", "malformed_sse", "stream_error", "timeout"]
+)
+def test_faults_over_real_sockets_are_counted_by_reason(fake, exporter, reason):
+    fake.set_modes(reason)  # each fault mode is named after the reason it must be counted as
     s = wait_for(exporter.port, lambda s: failures(s, reason) >= 1)
     assert value(s, "glmserve_target_up") == 1  # /server_info still answers
-    fake.mode = "ok"
+    fake.set_modes("ok")
     before = tpot_count(s)
     wait_for(exporter.port, lambda s: tpot_count(s) > before)
 
 
-def test_module_entry_point_serves_and_stops_on_sigterm(fake: FakeSGLang, tmp_path):
+def test_module_entry_point_serves_and_stops_on_sigterm(fake: SSEServer, tmp_path):
     port = free_port()
     env = {**os.environ, "GLMSERVE_EXPORTER_CANARY_INTERVAL": "200ms"}
     proc = subprocess.Popen(

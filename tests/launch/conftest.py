@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from launch_helpers import (
+from support.launch import (
     PINNED,
     PROFILES_DIR,
     REPO,

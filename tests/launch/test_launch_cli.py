@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from launch_helpers import (
+from support.launch import (
     B200,
     GLM_FIXTURE,
     H200,

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from launch_helpers import GLM_FIXTURE, PINNED, PROFILES_DIR, REPO
+from support.launch import GLM_FIXTURE, PINNED, PROFILES_DIR, REPO
 
 from glmserve.patching import apply
 from glmserve.patching.errors import PatchError

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from launch_helpers import PINNED, PROFILE_NAMES, PROFILES_DIR, TINY_MODEL
+from support.launch import PINNED, PROFILE_NAMES, PROFILES_DIR, TINY_MODEL
 
 from glmserve.launch import LaunchError, load_profile, parse_profile_file
 from glmserve.launch.profiles import LAUNCHER_OWNED_FLAGS, find_profiles_dir

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
-from launch_helpers import PINNED, PROFILE_NAMES, PROFILES_DIR
+from support.launch import PINNED, PROFILE_NAMES, PROFILES_DIR
 
 from glmserve.launch.profiles import LAUNCHER_OWNED_FLAGS, parse_profile_file
 from glmserve.patching.errors import PatchError

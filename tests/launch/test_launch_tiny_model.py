@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launch_helpers import TINY_MODEL
+from support.launch import TINY_MODEL
 
 FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
 

@@ -1,4 +1,5 @@
-"""Fixtures for the suite's end-to-end tests: a misbehaving SSE server (see sse_server.py)."""
+"""Fixtures for the suite's end-to-end tests: the fault-injecting SSE server (support/sse.py) as
+a process of its own, as a target apart from pytest."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from locustkit import SSE_SERVER
+from support.locust_run import SSE_SERVER
 
 
 @pytest.fixture
 def sse_server(tmp_path: Path) -> Iterator[Callable[..., str]]:
-    """Start tests/loadtest/sse_server.py with the given behaviours; yields its base URL."""
+    """Start tests/support/sse.py with the given modes (default: all in turn); yields its URL."""
     procs: list[subprocess.Popen[bytes]] = []
 
     def start(*modes: str) -> str:

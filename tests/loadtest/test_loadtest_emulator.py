@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from locustkit import run_locust
+from support.locust_run import run_locust
 
 from glmserve.emulator.testing import emulator_process
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from locustkit import LOCUSTFILE, ROOT, SSE_SERVER, run_locust
+from support.locust_run import LOCUSTFILE, ROOT, SSE_SERVER, run_locust
 
 SHORT = ["--warmup-s", "0.5", "--measure-s", "3", "--read-timeout-s", "1"]
 

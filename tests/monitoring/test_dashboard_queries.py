@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from monitoring.livestack import PROM_DIR, LiveStack, live_stack, wait_all_series
+from support.livestack import PROM_DIR, LiveStack, live_stack, wait_all_series
 
 # ~25 s in all: one stack for the module, most of it waiting for rules to fill.
 pytestmark = pytest.mark.slow

@@ -6,7 +6,7 @@ free), Prometheus's scrape interval (seconds, not minutes, of waiting) and Prome
 (Debian's 2.42 in a local image instead of the pinned prom/prometheus).
 
 Other files in tests/stack/ reuse the session-scoped `emulated_stack` (brought up once) and
-`server_image`; helpers are in stackkit.py. See docs/deploy.md.
+`server_image`; helpers are in tests/support/stack.py. See docs/deploy.md.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from stackkit import (
+from support.net import free_port
+from support.stack import (
     CONTRACT_PORTS,
     EMULATOR_TPOT_MS,
     EMULATOR_TTFT_MS,
@@ -33,7 +34,6 @@ from stackkit import (
     Timings,
     compose_env,
     exporter_available,
-    free_port,
     lock_build_args,
     render_prometheus_dir,
     run,

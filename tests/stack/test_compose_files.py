@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from stackkit import REPO, dockerfile_arg, lock_build_args, render_prometheus_dir
+from support.stack import REPO, dockerfile_arg, lock_build_args, render_prometheus_dir
 
 DOCKERFILES = [REPO / "Dockerfile", *sorted((REPO / "docker").glob("*.Dockerfile"))]
 

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from stackkit import EMULATOR_TPOT_MS, EMULATOR_TTFT_MS, Stack
+from support.stack import EMULATOR_TPOT_MS, EMULATOR_TTFT_MS, Stack
 
 pytestmark = pytest.mark.stack
 

@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from stackkit import EMULATOR_TPOT_MS, Stack
+from support.stack import EMULATOR_TPOT_MS, Stack
 
 from glmserve.streaming import StreamError, StreamRequest, time_stream
 

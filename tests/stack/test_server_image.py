@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from stackkit import REPO, compose_env, dockerfile_arg, image_files, lock_build_args, run
+from support.stack import REPO, compose_env, dockerfile_arg, image_files, lock_build_args, run
 
 pytestmark = pytest.mark.stack
 

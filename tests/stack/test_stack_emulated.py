@@ -8,12 +8,12 @@ import subprocess
 import urllib.request
 
 import pytest
-from stackkit import (
+from support.net import free_port
+from support.stack import (
     EMULATOR_TTFT_MS,
     REPO,
     Stack,
     compose_env,
-    free_port,
     image_files,
     run,
 )
@@ -58,7 +58,7 @@ def test_prometheus_scraped_the_containerized_emulator(emulated_stack: Stack) ->
 
 def test_build_time_ca_is_not_in_the_tools_image(tools_image: str) -> None:
     """The CA given to the build (.ca/) stays in the throw-away stage."""
-    assert (REPO / ".ca").is_dir()  # the build did get one (stackkit's build_ca fixture)
+    assert (REPO / ".ca").is_dir()  # the build did get one (the build_ca fixture)
     assert image_files(tools_image, "os-release")  # control: the search itself works
     assert image_files(tools_image, "host-ca-bundle.crt") == []
     assert image_files(tools_image, "build-ca*") == []

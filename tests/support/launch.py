@@ -1,5 +1,4 @@
-"""Shared constants and doubles for the launcher tests (a uniquely named module: several test
-folders have a conftest.py, so importing names from "conftest" would be ambiguous)."""
+"""Shared constants and doubles for the launcher tests."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ middleware metrics in utils/common.py).
 
 Regenerate the committed reference (tests/emulator/data/) from a wheel:
 
-    python tests/emulator/sglang_reference.py path/to/sglang-0.5.12.post1-*.whl > \
+    python tests/support/sglang_reference.py path/to/sglang-0.5.12.post1-*.whl > \
         tests/emulator/data/sglang-0.5.12.post1-metrics.json
 """
 

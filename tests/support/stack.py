@@ -1,5 +1,4 @@
-"""Helpers for the stack tests (fixtures live in conftest.py; this module has a unique name so
-test files can import it without clashing with the other conftest modules)."""
+"""Helpers for the stack tests (their fixtures live in tests/stack/conftest.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +6,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -29,12 +27,6 @@ EMULATOR_TPOT_MS = 20
 EMULATOR_TTFT_MS = 100
 # Ports the repo's prometheus.yml scrapes (CONTRACTS.md), remapped to free ones in tests.
 CONTRACT_PORTS = {"sglang": 30000, "exporter": 9464, "prometheus": 9090}
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run(

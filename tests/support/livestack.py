@@ -3,7 +3,7 @@
 Prometheus runs the shipped scrape jobs and rule files (monitoring/prometheus/), rewritten only
 for free ports and 1 s intervals. Also runnable as a script to render the committed preview:
 
-    .venv/bin/python tests/monitoring/livestack.py --seconds 150 \
+    PYTHONPATH=tests .venv/bin/python -m support.livestack --seconds 150 \
         --output docs/img/dashboard-preview.png
 """
 
@@ -14,7 +14,6 @@ import contextlib
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,15 +31,10 @@ from glmserve.emulator.testing import RunningEmulator, start_process
 from glmserve.exporter.cli import Exporter, start
 from glmserve.exporter.config import ExporterConfig
 from glmserve.streaming import StreamError, StreamRequest, time_stream
+from support.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PROM_DIR = ROOT / "monitoring" / "prometheus"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_emulator(port: int, args: Sequence[str], timeout_s: float = 30.0) -> RunningEmulator:

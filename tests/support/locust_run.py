@@ -1,5 +1,4 @@
-"""Helpers for the suite's end-to-end tests (a unique module name: test files import it without
-clashing with other folders' conftest modules).
+"""Headless runs of loadtest/decode.py for the Locust suite's end-to-end tests.
 
 Locust runs in a subprocess: importing it here would gevent-patch the whole pytest process.
 """
@@ -14,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCUSTFILE = ROOT / "loadtest" / "decode.py"
-SSE_SERVER = Path(__file__).with_name("sse_server.py")
+SSE_SERVER = Path(__file__).with_name("sse.py")  # run as a process: see its docstring
 
 
 @dataclass
