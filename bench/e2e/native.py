@@ -1,0 +1,415 @@
+#!/usr/bin/env python3
+"""Native FP8 decode end to end: real SGLang servers at GLM-5's depth, every KV path side by side.
+
+    python bench/e2e/native.py --out DIR               # on the H200 (bench/e2e/native_device.sh)
+    python bench/e2e/native.py --out DIR --emulator    # local dry run of the whole flow
+
+Four servers share one GPU, each started through our launcher (profile tiny-mla-78l: 78 layers,
+pool 495,552, CUDA graphs up to batch 16, self-test included):
+
+  upstream  FP8 KV, GLMSERVE_FP8_GATHER=0: SGLang's full-pool cast (the greedy reference)
+  gather    FP8 KV, GLMSERVE_FP8_ATTENTION=gather: gather-then-cast + FlashInfer
+  native    FP8 KV, GLMSERVE_FP8_ATTENTION=native: the native FP8 decode kernel
+  bf16      BF16 KV: the speed to beat
+
+Measured, round robin so that every ratio comes from interleaved samples of one call:
+  * greedy agreement of each FP8 path with upstream, per prompt set: short prompts, one
+    6,000-token prompt (chunked prefill), a shared 1,024-token prefix (radix hits), 16
+    concurrent requests; the first position where tokens differ;
+  * TPOT of one stream after a 128-token prompt and after a 6,000-token prompt, and of 16
+    concurrent streams with their output tok/s (upstream is not timed: ~10x slower).
+Writes native-e2e.json and native-e2e.md under --out (rewritten after every phase).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import random
+import shlex
+import statistics
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+# The working tree's glmserve first: the bundle's copy may predate this script.
+sys.path[:0] = [str(HERE), str(REPO / "src")]
+
+import e2e_analysis as an  # noqa: E402
+import harness  # noqa: E402
+
+from glmserve import sglang_api, streaming  # noqa: E402
+
+LAYERS = 78
+CUDA_GRAPH_MAX_BS = 16
+# name -> (KV dtype, GLMSERVE_FP8_GATHER, GLMSERVE_FP8_ATTENTION, emulator cost model)
+PATHS = {
+    "upstream": ("fp8_e4m3", "0", "gather", "upstream"),
+    "gather": ("fp8_e4m3", "1", "gather", "patched"),
+    "native": ("fp8_e4m3", "1", "native", "patched"),
+    "bf16": ("bf16", "1", "native", "bf16"),
+}
+TIMED = ("bf16", "gather", "native")
+FP8 = ("gather", "native")
+LONG_PROMPT = 6000
+SHARED_PREFIX = 1024
+STREAMS = 16
+
+
+def log(msg: str) -> None:
+    print(f"[native-e2e +{time.monotonic() - T0:6.1f}s] {msg}", flush=True)
+
+
+T0 = time.monotonic()
+
+
+def token_prompts(vocab: int, seed: int) -> dict[str, list[list[int]]]:
+    """Deterministic token-id prompt sets (ids above the special tokens at the bottom)."""
+    rng = random.Random(seed)
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(100, vocab) for _ in range(n)]
+
+    prefix = ids(SHARED_PREFIX)
+    return {
+        "short": [ids(rng.randint(16, 300)) for _ in range(6)],
+        "long": [ids(LONG_PROMPT)],
+        "shared_prefix": [prefix + ids(rng.randint(8, 64)) for _ in range(4)],
+        "concurrent": [ids(rng.randint(32, 512)) for _ in range(STREAMS)],
+    }
+
+
+def generate(http: Any, url: str, ids: list[int], new_tokens: int) -> list[int]:
+    body = {
+        "input_ids": ids,
+        "sampling_params": {"temperature": 0.0, "max_new_tokens": new_tokens, "ignore_eos": True},
+    }
+    r = http.post(url + sglang_api.GENERATE, json=body, timeout=300.0)
+    r.raise_for_status()
+    return [int(t) for t in r.json()["output_ids"]]
+
+
+def generate_concurrently(url: str, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    import httpx
+
+    out: list[list[int]] = [[] for _ in prompts]
+    errors: list[str] = []
+
+    def worker(i: int) -> None:
+        try:
+            with httpx.Client() as client:
+                out[i] = generate(client, url, prompts[i], new_tokens)
+        except Exception as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError(errors[0])
+    return out
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token (None: identical)."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def stream_tpot(url: str, ids: list[int], max_tokens: int) -> float | None:
+    req = streaming.StreamRequest(route="generate", input_ids=tuple(ids), max_tokens=max_tokens)
+    return streaming.time_stream(url, req, timeout_s=300.0).tpot_s
+
+
+def concurrent_tpot(url: str, prompts: list[list[int]], max_tokens: int) -> dict[str, Any]:
+    """All streams released together: median TPOT and output tok/s over the window."""
+    import httpx
+
+    barrier = threading.Barrier(len(prompts))
+    timings: list[streaming.StreamTiming | None] = [None] * len(prompts)
+
+    def worker(i: int) -> None:
+        with httpx.Client(timeout=httpx.Timeout(300.0)) as client:
+            client.get(url + sglang_api.HEALTH, timeout=10.0)
+            barrier.wait()
+            req = streaming.StreamRequest(
+                route="generate", input_ids=tuple(prompts[i]), max_tokens=max_tokens
+            )
+            timings[i] = streaming.time_stream(url, req, client=client, timeout_s=300.0)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(prompts))]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    window = time.perf_counter() - t0
+    done = [t for t in timings if t is not None]
+    return {
+        "tpot_median": an.median(t.tpot_s for t in done),
+        "tok_s": sum(t.output_tokens for t in done) / window,
+        "streams_ok": len(done),
+    }
+
+
+class Run:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.out = Path(args.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.doc: dict[str, Any] = {
+            "what": "native FP8 decode vs gather vs upstream vs BF16 KV, real SGLang, 78 layers",
+            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "command": shlex.join([sys.executable, *sys.argv]),
+            "mode": "emulator" if args.emulator else "device",
+            "servers": {},
+            "greedy": {},
+            "timing": {k: {} for k in TIMED},
+            "notes": [],
+        }
+        self.servers: dict[str, harness.Server] = {}
+
+    def save(self) -> None:
+        (self.out / "native-e2e.json").write_text(json.dumps(self.doc, indent=1) + "\n")
+        (self.out / "native-e2e.md").write_text(markdown(self.doc))
+
+    def start(self) -> None:
+        a = self.args
+        base = 31000 if not a.emulator else harness.free_port()
+        for i, (name, (kv, gather, attention, cost)) in enumerate(PATHS.items()):
+            variant = {"fp8_e4m3": "fp8_patched", "bf16": "bf16"}[kv]
+            port = base + i if not a.emulator else harness.free_port()
+            spec = an.ServerSpec(
+                name, "native-78L", variant, LAYERS, port, cuda_graph_max_bs=CUDA_GRAPH_MAX_BS,
+                profile="tiny-mla-78l",
+            )  # fmt: skip
+            env = dict(os.environ)
+            env.update(
+                GLMSERVE_FP8_GATHER=gather,
+                GLMSERVE_FP8_ATTENTION=attention,
+                GLMSERVE_EMULATOR_FP8_GATHER=gather,
+                GLMSERVE_BUILD_INFO=str(self.out / "buildinfo" / f"{name}.json"),
+            )
+            paths = {
+                "model": Path(a.model_dir) / "tiny-mla",
+                "profiles": Path(a.profiles_dir),
+                "build_info": self.out / "buildinfo" / f"{name}.json",
+            }
+            mode = "emulator" if a.emulator else "device"
+            argv = harness.launch_argv(replace(spec), mode, paths, sys.executable)
+            if a.emulator:  # the emulator plays each path's cost model
+                argv[argv.index("--cost-model") + 1] = cost
+            srv = harness.Server(spec, argv, env, self.out / "logs" / f"{name}.log")
+            self.servers[name] = srv
+            self.doc["servers"][name] = {"argv": shlex.join(argv), "env": {
+                "GLMSERVE_FP8_GATHER": gather, "GLMSERVE_FP8_ATTENTION": attention}}  # fmt: skip
+            log(f"start {name}: {shlex.join(argv)}")
+            srv.start()
+
+    def wait_ready(self, http: Any, budget_s: float) -> list[str]:
+        end = time.monotonic() + budget_s
+        pending = dict(self.servers)
+        while pending and time.monotonic() < end:
+            for name, srv in list(pending.items()):
+                if srv.poll_ready(http):
+                    self.doc["servers"][name]["ready_s"] = round(srv.ready_s or 0, 1)
+                    log(f"{name} ready after {srv.ready_s:.0f} s")
+                    del pending[name]
+                elif srv.error:
+                    self.doc["servers"][name]["error"] = srv.error
+                    log(f"{name} FAILED: {srv.error}")
+                    del pending[name]
+            time.sleep(0.5)
+        for name in pending:
+            self.doc["servers"][name]["error"] = f"not ready within {budget_s:.0f} s"
+        return [n for n in self.servers if "ready_s" in self.doc["servers"][n]]
+
+    def greedy(self, http: Any, ready: list[str], prompts: dict[str, list[list[int]]]) -> None:
+        new = self.args.greedy_tokens
+        got: dict[str, dict[str, list[list[int]]]] = {}
+        for name in ready:
+            url = self.servers[name].url
+            t = time.monotonic()
+            try:
+                sets = {
+                    "short": [generate(http, url, p, new) for p in prompts["short"]],
+                    "long": [generate(http, url, p, new) for p in prompts["long"]],
+                    # Sequential: the first request fills the radix cache, the rest hit it.
+                    "shared_prefix": [generate(http, url, p, new) for p in prompts["shared_prefix"]],
+                    "concurrent": generate_concurrently(url, prompts["concurrent"], new),
+                }  # fmt: skip
+                got[name] = sets
+            except Exception as exc:
+                self.doc["notes"].append(f"greedy on {name} failed: {type(exc).__name__}: {exc}")
+            log(f"{name}: greedy sets in {time.monotonic() - t:.1f} s")
+        ref = got.get("upstream")
+        for name, sets in got.items():
+            if name == "upstream" or ref is None:
+                continue
+            per_set = {}
+            for key, outs in sets.items():
+                div = [first_divergence(o, r) for o, r in zip(outs, ref[key], strict=True)]
+                per_set[key] = {
+                    "prompts": len(outs),
+                    "identical": sum(d is None for d in div),
+                    "first_divergence": div,
+                }
+            self.doc["greedy"][name] = per_set
+        self.save()
+
+    def timing(self, ready: list[str], prompts: dict[str, list[list[int]]]) -> None:
+        a = self.args
+        timed = [n for n in TIMED if n in ready]
+        short = prompts["short"][0][:128]
+        long = prompts["long"][0]
+        for rep in range(a.reps):
+            for name in timed:  # round robin: every path sampled in every round
+                url, t = self.servers[name].url, self.doc["timing"][name]
+                try:
+                    t.setdefault("single_128", []).append(stream_tpot(url, short, a.tokens))
+                    if rep < a.long_reps:
+                        t.setdefault("single_6000", []).append(stream_tpot(url, long, a.tokens))
+                    if rep < a.conc_reps:
+                        t.setdefault("conc_16", []).append(
+                            concurrent_tpot(url, prompts["concurrent"], a.tokens)
+                        )
+                except Exception as exc:
+                    self.doc["notes"].append(
+                        f"timing {name} rep {rep}: {type(exc).__name__}: {exc}"
+                    )
+            log(f"timing round {rep + 1}/{a.reps}")
+            self.summarize()
+            self.save()
+
+    def summarize(self) -> None:
+        s: dict[str, Any] = {}
+        for name in TIMED:
+            t = self.doc["timing"][name]
+            conc = t.get("conc_16", [])
+            s[name] = {
+                "single_128_ms": _ms(t.get("single_128")),
+                "single_6000_ms": _ms(t.get("single_6000")),
+                "conc_16_ms": _ms([c["tpot_median"] for c in conc]),
+                "conc_16_tok_s": statistics.median([c["tok_s"] for c in conc]) if conc else None,
+            }
+        bars = []
+        for key, label in (
+            ("single_128_ms", "single stream, 128-token prompt"),
+            ("single_6000_ms", "single stream, 6,000-token prompt"),
+            ("conc_16_ms", "16 streams"),
+        ):
+            n, b = s["native"][key], s["bf16"][key]
+            if n and b:
+                bars.append(
+                    {"bar": f"TPOT native <= BF16 KV, {label}", "value": n / b, "pass": n <= b}
+                )
+        n, b = s["native"]["conc_16_tok_s"], s["bf16"]["conc_16_tok_s"]
+        if n and b:
+            bars.append(
+                {"bar": "16-stream tok/s native >= BF16 KV", "value": n / b, "pass": n >= b}
+            )
+        self.doc["summary"], self.doc["bars"] = s, bars
+
+    def execute(self) -> int:
+        import httpx
+
+        a = self.args
+        vocab = json.loads((Path(a.model_dir) / "tiny-mla" / "config.json").read_text())[
+            "vocab_size"
+        ]
+        prompts = token_prompts(vocab, seed=11)
+        try:
+            with httpx.Client() as http:
+                self.start()
+                ready = self.wait_ready(http, a.ready_budget_s)
+                self.save()
+                if "upstream" in ready:
+                    self.greedy(http, ready, prompts)
+                self.timing(ready, prompts)
+        finally:
+            harness.stop_all(list(self.servers.values()))
+            for name, srv in self.servers.items():
+                facts = an.log_facts(srv.log_path.read_text(errors="replace"))
+                self.doc["servers"][name]["log"] = facts
+                lines = [
+                    ln
+                    for ln in srv.log_path.read_text(errors="replace").splitlines()
+                    if "glmserve FP8 KV decode" in ln or "cuda graph" in ln.lower()
+                ]
+                self.doc["servers"][name]["decode_path_log"] = lines[:3]
+            self.doc["total_s"] = round(time.monotonic() - T0, 1)
+            self.summarize()
+            self.save()
+        print(markdown(self.doc))
+        return 0
+
+
+def _ms(values: list[float | None] | None) -> float | None:
+    vals = [v for v in values or [] if v is not None]
+    return statistics.median(vals) * 1e3 if vals else None
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    lines = [
+        f"# Native FP8 decode end to end — {doc['date']} ({doc['mode']})",
+        "",
+        f"Command: `{doc['command']}`  ",
+        "Real SGLang 0.5.12.post1 (device mode), tiny MLA model with dummy weights at 78 layers, "
+        "pool 495,552, CUDA graphs up to batch 16, every server started through our launcher.",
+        "",
+        "| path | single 128 TPOT ms | single 6,000 TPOT ms | 16 streams TPOT ms | 16 streams tok/s |",
+        "|---|---|---|---|---|",
+    ]
+    for name, s in (doc.get("summary") or {}).items():
+        cells = [s["single_128_ms"], s["single_6000_ms"], s["conc_16_ms"], s["conc_16_tok_s"]]
+        lines.append(
+            f"| {name} | " + " | ".join("—" if v is None else f"{v:.3f}" for v in cells[:3])
+            + (f" | {cells[3]:.0f} |" if cells[3] else " | — |")
+        )  # fmt: skip
+    lines += ["", "| bar | ratio | pass |", "|---|---|---|"]
+    for b in doc.get("bars", []):
+        lines.append(f"| {b['bar']} | {b['value']:.3f} | {'PASS' if b['pass'] else 'MISS'} |")
+    lines += ["", "## Greedy agreement with upstream (FP8 full-pool cast)", ""]
+    lines += ["| path | set | identical / prompts | first divergent position per prompt |"]
+    lines += ["|---|---|---|---|"]
+    for name, sets in doc.get("greedy", {}).items():
+        for key, g in sets.items():
+            div = ", ".join("=" if d is None else str(d) for d in g["first_divergence"])
+            lines.append(f"| {name} | {key} | {g['identical']} / {g['prompts']} | {div} |")
+    lines += ["", "## Servers", ""]
+    for name, s in doc.get("servers", {}).items():
+        state = f"ready {s['ready_s']} s" if "ready_s" in s else s.get("error", "not started")
+        lines.append(f"- {name}: {s['env']}: {state}; {'; '.join(s.get('decode_path_log', []))}")
+    if doc.get("notes"):
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in doc["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--emulator", action="store_true", help="emulators stand in (dry run)")
+    p.add_argument("--model-dir", default=str(REPO / "entrypoint" / "models"))
+    p.add_argument("--profiles-dir", default=str(REPO / "entrypoint" / "profiles"))
+    p.add_argument("--ready-budget-s", type=float, default=330.0)
+    p.add_argument("--greedy-tokens", type=int, default=32)
+    p.add_argument("--tokens", type=int, default=128, help="output tokens per timed stream")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--long-reps", type=int, default=3)
+    p.add_argument("--conc-reps", type=int, default=3)
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(Run(parse_args(sys.argv[1:])).execute())
