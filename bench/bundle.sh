@@ -1,22 +1,30 @@
 #!/usr/bin/env bash
-# Build the carry bundle for the H200 proof and benchmark (bench/device_run.sh):
-# a PYTHONPATH overlay with the real SGLang 0.5.12.post1 wheel, FlashInfer 0.6.11.post1 and
-# apache-tvm-ffi 0.1.9 for Python 3.12, built by ../shared/tools/sglang-device-bundle.sh.
+# Build THE device bundle (bench/device_run.sh, both jobs, carries it): a PYTHONPATH overlay with
+# the real SGLang 0.5.12.post1 wheel, FlashInfer 0.6.11.post1 and apache-tvm-ffi 0.1.9 for
+# Python 3.12, built by ../shared/tools/sglang-device-bundle.sh.
 #
 #   usage: bench/bundle.sh [OUT.tar.xz]      (default .bundle/sglang-0.5.12.post1.tar.xz)
+#   (bench/e2e/build_bundle.sh is this script)
 #
 # The overlay is packed UNPATCHED on purpose: the device command applies the committed series
-# with patches/apply.py, so the GPU runs exactly the diff in the working tree, through the tool.
-# Env: SGLANG_BUNDLE_TOOL (default /work/shared/tools/sglang-device-bundle.sh), WHEEL_CACHE.
+# with patches/apply.py, and takes glmserve, the profiles and the tiny models from the working
+# tree it runs in, so the GPU runs exactly what is checked out, through the real tool.
+# The overlay itself (~300 MB of pinned wheels that never change) is built once into
+# .cache/bundle/site and rebuilt only when the overlay tool changes.
+# Env: SGLANG_BUNDLE_TOOL (default /work/shared/tools/sglang-device-bundle.sh), WHEEL_CACHE, VENV.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:-.bundle/sglang-0.5.12.post1.tar.xz}
+out=$(realpath -m "${1:-.bundle/sglang-0.5.12.post1.tar.xz}")
 tool=${SGLANG_BUNDLE_TOOL:-/work/shared/tools/sglang-device-bundle.sh}
-[ -x "$tool" ] || { echo "bundle: $tool not found or not executable (set SGLANG_BUNDLE_TOOL)" >&2; exit 2; }
-work=.cache/kernel-bundle
+[ -f "$tool" ] || { echo "bundle: $tool not found (set SGLANG_BUNDLE_TOOL)" >&2; exit 2; }
+work=.cache/bundle
 site=$work/site
-mkdir -p "$work" "$(dirname "$out")"
-WHEEL_CACHE=${WHEEL_CACHE:-$work/wheels} VENV=${VENV:-$work/v312} "$tool" "$site"
+stamp=$(sha256sum "$tool" | cut -c1-16)  # names the overlay recipe: a changed tool rebuilds
+if [ "$(cat "$work/stamp" 2>/dev/null)" != "$stamp" ]; then
+  rm -f "$work/stamp"; mkdir -p "$work"
+  WHEEL_CACHE=${WHEEL_CACHE:-$work/wheels} VENV=${VENV:-$work/v312} bash "$tool" "$site"
+  echo "$stamp" >"$work/stamp"
+fi
 # FlashInfer JIT-compiles its MLA kernels there: the CUDA sources must be in the overlay.
 for f in flashinfer/data/csrc/batch_mla_run.cu flashinfer/data/csrc/batch_mla_plan.cu \
          flashinfer/data/csrc/batch_mla_config.jinja flashinfer/data/include/flashinfer/attention/mla.cuh \
@@ -24,6 +32,16 @@ for f in flashinfer/data/csrc/batch_mla_run.cu flashinfer/data/csrc/batch_mla_pl
   [ -f "$site/$f" ] || { echo "bundle: $f missing from the overlay" >&2; exit 1; }
 done
 # Refuse a pre-patched tree: the device run must apply the series itself.
-[ ! -e "$site/sglang/srt/layers/attention/fp8_kv_gather.py" ] || { echo "bundle: overlay is already patched" >&2; exit 1; }
-( cd "$work" && XZ_OPT="-T0 -6" tar -cJf "$OLDPWD/$out" site )
-echo "bundle: $out $(( $(stat -c %s "$out") / 1048576 )) MiB"
+if [ -e "$site/sglang/srt/layers/attention/fp8_kv_gather.py" ] || [ -e "$site/sglang/.glmserve-patch.json" ]; then
+  echo "bundle: the overlay in $site is already patched; delete $work and rebuild" >&2; exit 1
+fi
+find "$site" -name __pycache__ -type d -prune -exec rm -rf {} +
+printf '{"overlay_tool_sha256_16": "%s", "built": "%s"}\n' "$stamp" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
+  >"$site/.glmserve-bundle.json"
+mkdir -p "$(dirname "$out")"
+( cd "$work" && XZ_OPT="-T0 -6" tar -cJf "$out" site )
+size=$(stat -c %s "$out")
+echo "bundle: $out $((size / 1048576)) MiB"
+# The device tool carries 64 MiB in all; a returned JIT cache (< 16 MiB) travels beside it.
+[ "$size" -le $((60 * 1048576)) ] || { echo "bundle: over 60 MiB: it would not fit the carry limit" >&2; exit 1; }
+[ "$size" -le $((48 * 1048576)) ] || echo "bundle: over 48 MiB: carry it without a JIT cache" >&2

@@ -1,41 +1,136 @@
 #!/usr/bin/env bash
-# ONE device call on the H200 (see docs/patch.md): unpack the SGLang overlay from bench/bundle.sh,
-# apply the committed series with the real tool, then run the GPU tests (a)(b)(c), the startup
-# self-test and the benchmark. Everything lands in $OUT (at most 8 files come back).
-#   usage (device tool, carry .bundle/sglang-0.5.12.post1.tar.xz): bash bench/device_run.sh [BENCH ARGS]
-# Optional carried inputs:
-#   .bundle/jit-cache.tar.xz   FlashInfer/Triton JIT cache shipped back by an earlier call
-#   $KERNEL_VARIANTS/*.py      candidate kernels: compared first (bitwise check + gather timings);
-#                              the fastest correct one, with its launch shape, replaces the installed
-#                              fp8_kv_gather.py for everything after, and comes back in $OUT so the
-#                              series can ship exactly those bytes.
+# THE device command (one call on the lent H200, run from the repository root):
+#
+#   bash bench/device_run.sh [kernel] [ARGS]    GPU tests, self-test, bench/gather_cast.py ARGS
+#   bash bench/device_run.sh e2e [ARGS]         real SGLang servers: bench/e2e/harness.py ARGS
+#   bash bench/device_run.sh native [ARGS]      real SGLang servers: bench/e2e/native.py ARGS
+#   bash bench/device_run.sh fp8-decode [ARGS]  kernels side by side: bench/fp8_decode.py ARGS
+#   Aliases: bench/e2e/device.sh = e2e, bench/e2e/native_device.sh = native,
+#            bench/fp8_decode_device.sh = fp8-decode.
+#
+# carry: .bundle/sglang-0.5.12.post1.tar.xz (bench/bundle.sh builds it: the UNPATCHED SGLang
+# overlay) and, if you have one, .bundle/jit-cache.tar.xz (the JIT caches an earlier call returned).
+# Both jobs share every other step: unpack the overlay, restore the JIT cache, apply the committed
+# series with patches/apply.py (so the GPU runs exactly the diff in the working tree), check it,
+# run the preflight, and ship the JIT cache back. glmserve comes from this working tree's src/.
+# Everything lands in $OUT (at most 8 files come back): device.log (with a provenance line),
+# jit-cache.tar.xz, plus the job's own files.
+# Kernel job inputs: $KERNEL_VARIANTS/*.py, candidate kernels compared first (bitwise check +
+# gather timings); the fastest correct one replaces the installed fp8_kv_gather.py for
+# everything after, and comes back in $OUT so the series can ship exactly those bytes.
+# DEVICE_DRY_RUN=1 prints the GPU commands instead of running them (the CPU tests use it);
+# DEVICE_WORK (default /tmp/glmserve-device) is where the overlay is unpacked.
 set -uo pipefail
 : "${OUT:?OUT must name the folder that comes back}"
+job=kernel
+case "${1:-}" in kernel | e2e | native | fp8-decode) job=$1; shift ;; esac
+BUNDLE=${BUNDLE:-.bundle/sglang-0.5.12.post1.tar.xz}
+JIT_IN=${JIT_CACHE:-.bundle/jit-cache.tar.xz}
+WORK=${DEVICE_WORK:-/tmp/glmserve-device}
+SITE=$WORK/site
+mkdir -p "$OUT"
 log=$OUT/device.log
+T0=$SECONDS
 step() { echo "=== $(date -u +%H:%M:%S) $*" | tee -a "$log"; }
-mkdir -p /tmp/x && tar -xJf .bundle/sglang-0.5.12.post1.tar.xz -C /tmp/x || exit 1
-SITE=/tmp/x/site
-KERNEL=$SITE/sglang/srt/layers/attention/fp8_kv_gather.py
-export PYTHONPATH=$SITE:$PWD/src HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MAX_JOBS=16 \
-  FLASHINFER_CUDA_ARCH_LIST=9.0a CUDA_HOME=/usr/local/cuda PYTHONUNBUFFERED=1
-if [ -f .bundle/jit-cache.tar.xz ]; then tar -xJf .bundle/jit-cache.tar.xz -C "$HOME" && step "restored JIT cache"; fi
-step "device"; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv 2>&1 | tee -a "$log"
-step "apply series"; python3 patches/apply.py --target "$SITE" 2>&1 | tee -a "$log"
+gpu() {  # a command that needs the GPU
+  if [ -n "${DEVICE_DRY_RUN:-}" ]; then echo "dry-run: $*"; else "$@"; fi
+}
+
+step "job $job"
+[ -f "$BUNDLE" ] || { echo "device_run: no bundle $BUNDLE: run bench/bundle.sh and carry it" | tee -a "$log" >&2; exit 2; }
+rm -rf "$WORK" && mkdir -p "$WORK" && tar -xJf "$BUNDLE" -C "$WORK" || exit 2
+[ -d "$SITE/sglang" ] || { echo "device_run: $BUNDLE holds no site/sglang" | tee -a "$log" >&2; exit 2; }
+# src/ first: the working tree's glmserve wins over any copy inside an overlay.
+export PYTHONPATH=$PWD/src:$SITE HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MAX_JOBS=16 \
+  FLASHINFER_CUDA_ARCH_LIST=9.0a CUDA_HOME=/usr/local/cuda PYTHONUNBUFFERED=1 \
+  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if [ -f "$JIT_IN" ]; then tar -xJf "$JIT_IN" -C "$HOME" && step "restored JIT cache $JIT_IN"; fi
+step "device"
+gpu nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv 2>&1 | tee -a "$log"
+step "apply series"
+python3 patches/apply.py --target "$SITE" 2>&1 | tee -a "$log"
 python3 patches/apply.py --target "$SITE" --check 2>&1 | tee -a "$log"
 python3 -m glmserve.patching.verify --target "$SITE" 2>&1 | tee -a "$log"
-if [ -n "${KERNEL_VARIANTS:-}" ]; then
-  step "kernel variants"
-  python3 bench/gather_cast.py --out "$OUT" --no-fp8-native --variants "$KERNEL_VARIANTS"/*.py \
-    --write-best "$KERNEL" 2>&1 | grep -E "^installed|ceiling|Error|error" | tee -a "$log"
-  cp "$KERNEL" "$OUT/fp8_kv_gather.py"; sha256sum "$KERNEL" | tee -a "$log"
-fi
-step "self-test"; t0=$SECONDS
-python3 -m glmserve.patching.selftest 2>&1 | tee -a "$log"; echo "rc=${PIPESTATUS[0]} wall=$((SECONDS - t0)) s" | tee -a "$log"
-step "GPU tests"; python3 -m pytest -v -s -rA -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/gpu-tests.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|^\[|passed|failed" | tee -a "$log"
-step "benchmark"; python3 bench/gather_cast.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | tail -45
+# What ran, as one line of the log: the overlay's build stamp, the marker the series left, the
+# hash of the code this call ran (src, patches, entrypoint, bench scripts) and the commit if known.
+python3 - "$SITE" <<'PY' 2>&1 | tee -a "$log"
+import hashlib, json, pathlib, subprocess, sys
+site = pathlib.Path(sys.argv[1])
+def read(p):
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+tree = hashlib.sha256()
+for p in sorted(f for d in ("src", "patches", "entrypoint", "bench") for f in pathlib.Path(d).rglob("*")):
+    if p.is_file() and not {"__pycache__", "results"} & set(p.parts):
+        tree.update(str(p).encode() + b"\0" + p.read_bytes())
+git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
+marker = read(site / "sglang" / ".glmserve-patch.json") or {}
+print("provenance: " + json.dumps({
+    "bundle": read(site / ".glmserve-bundle.json"),
+    "series": marker.get("series"), "lock_sha256": marker.get("lock_sha256"),
+    "tree_sha256": tree.hexdigest(), "git_head": git.stdout.strip() or None,
+}, sort_keys=True))
+PY
+
+rc=0
+case $job in
+kernel)
+  KERNEL=$SITE/sglang/srt/layers/attention/fp8_kv_gather.py
+  if [ -n "${KERNEL_VARIANTS:-}" ]; then
+    step "kernel variants"
+    gpu python3 bench/gather_cast.py --out "$OUT" --no-fp8-native --variants "$KERNEL_VARIANTS"/*.py \
+      --write-best "$KERNEL" 2>&1 | grep -E "^installed|ceiling|Error|error|^dry-run" | tee -a "$log"
+    cp "$KERNEL" "$OUT/fp8_kv_gather.py"; sha256sum "$KERNEL" | tee -a "$log"
+  fi
+  step "self-test"; t0=$SECONDS
+  gpu python3 -m glmserve.patching.selftest 2>&1 | tee -a "$log"
+  echo "rc=${PIPESTATUS[0]} wall=$((SECONDS - t0)) s" | tee -a "$log"
+  step "GPU tests"
+  gpu python3 -m pytest -v -s -rA -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/gpu-tests.log" \
+    | grep -E "PASSED|FAILED|ERROR|SKIPPED|^\[|passed|failed|^dry-run" | tee -a "$log"
+  step "benchmark"
+  gpu python3 bench/gather_cast.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | tail -45
+  ;;
+e2e | native | fp8-decode)
+  # One Python script under a hard stop well inside the tool's 600 s: the scripts turn SIGTERM
+  # into an orderly stop + save.
+  case $job in
+    e2e) script=(bench/e2e/harness.py --mode device); tee_to=harness.log; hard=${E2E_HARD_S:-540} ;;
+    native) script=(bench/e2e/native.py); tee_to=run.log; hard=${E2E_HARD_S:-520} ;;
+    fp8-decode) script=(bench/fp8_decode.py); tee_to=run.log; hard=${FP8_DECODE_HARD_S:-560} ;;
+  esac
+  if [ "$job" != fp8-decode ]; then
+    # Servers of an earlier call killed at its time limit (same warm machine): stop their process
+    # groups by the ids the harness recorded, so ports and GPU memory are free again.
+    export E2E_PGID_FILE=${E2E_PGID_FILE:-/tmp/e2e-server-pgids}
+    if [ -f "$E2E_PGID_FILE" ]; then
+      while read -r g; do kill -TERM -- "-$g" 2>/dev/null; done <"$E2E_PGID_FILE"
+      sleep "${E2E_KILL_GRACE_S:-5}"
+      while read -r g; do kill -KILL -- "-$g" 2>/dev/null; done <"$E2E_PGID_FILE"
+      rm -f "$E2E_PGID_FILE"
+    fi
+  fi
+  step "${script[0]}"
+  gpu timeout -s TERM "$hard" python3 "${script[@]}" --out "$OUT" "$@" 2>&1 | tee "$OUT/$tee_to"
+  rc=${PIPESTATUS[0]}
+  # Every server's log and build info, in one returned file.
+  ( cd "$OUT" && logs=$(ls -d logs buildinfo 2>/dev/null) && [ -n "$logs" ] \
+    && tar -cJf logs.tar.xz $logs && rm -rf $logs )
+  ;;
+esac
+
 step "done"
+# The JIT caches for the next call, only if they fit one returned file (16 MiB); not after a
+# variants run, whose two extra files already fill the 8 that come back.
 if [ -z "${KERNEL_VARIANTS:-}" ]; then
-  tar -cJf "$OUT/jit-cache.tar.xz" -C "$HOME" $(cd "$HOME" && ls -d .cache/flashinfer .cache/tvm-ffi .triton 2>/dev/null) 2>/dev/null
-  [ "$(stat -c %s "$OUT/jit-cache.tar.xz" 2>/dev/null || echo 0)" -lt 16000000 ] || rm -f "$OUT/jit-cache.tar.xz"
+  caches=$(cd "$HOME" && ls -d .cache/flashinfer .cache/tvm-ffi .triton 2>/dev/null)
+  if [ -n "$caches" ]; then
+    ( cd "$HOME" && XZ_OPT="-T0 -3" timeout 60 tar -cJf "$OUT/jit-cache.tar.xz" $caches )
+    [ "$(stat -c %s "$OUT/jit-cache.tar.xz" 2>/dev/null || echo 0)" -lt 16000000 ] || rm -f "$OUT/jit-cache.tar.xz"
+  fi
 fi
-ls -la "$OUT"
+ls -la "$OUT" | tee -a "$log"
+echo "device_run $job: $((SECONDS - T0)) s, rc=$rc" | tee -a "$log"
+exit "$rc"

@@ -2,8 +2,8 @@
 
     python bench/fp8_decode.py --out DIR [--heads 16,8] [--sweep] [--native PATH] [--gather PATH]
 
-Needs one CUDA GPU with FlashInfer and the patched SGLang tree importable (bench/e2e's bundle,
-unpacked, has both; bench/fp8_decode_device.sh sets it up on the H200). Paths, per layer:
+Needs one CUDA GPU with FlashInfer and the patched SGLang tree importable (`bash
+bench/device_run.sh fp8-decode ARGS` sets both up on the H200: bench/README.md). Paths, per layer:
 
   bf16_fa2   FlashInfer fa2 MLA on a BF16 pool (BF16 KV; fa2 is the SM120 kernel family)
   bf16_auto  FlashInfer backend="auto" on a BF16 pool (what SGLang runs; fa3 on SM90)

@@ -1,27 +1,20 @@
-"""Shared test policy: what a missing prerequisite means depends on where the tests run."""
+"""Suite-wide fixtures: the prerequisites (Docker, Prometheus), each skipped locally and a
+failure under CI=true (support.policy), and the GPU-test skip."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
+from collections.abc import Callable
 
 import pytest
+from support.policy import require
 
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
-
-def require(condition: bool, reason: str) -> None:
-    """Skip when a prerequisite is missing; in CI a missing prerequisite is a failure.
-
-    CI provisions Docker and Prometheus itself, so a skip there would hide a broken
-    provisioning step behind a green run.
-    """
-    if condition:
-        return
-    if IN_CI:
-        pytest.fail(f"CI=true but {reason}", pytrace=False)
-    pytest.skip(reason)
+@pytest.fixture(name="require", scope="session")
+def require_fixture() -> Callable[[bool, str], None]:
+    """support.policy.require for fixtures that take it as an argument."""
+    return require
 
 
 def docker_available() -> bool:

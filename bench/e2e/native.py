@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Native FP8 decode end to end: real SGLang servers at GLM-5's depth, every KV path side by side.
 
-    python bench/e2e/native.py --out DIR               # on the H200 (bench/e2e/native_device.sh)
+    python bench/e2e/native.py --out DIR               # on the H200 (bench/device_run.sh native)
     python bench/e2e/native.py --out DIR --emulator    # local dry run of the whole flow
 
 Four servers share one GPU, each started through our launcher (profile tiny-mla-78l: 78 layers,

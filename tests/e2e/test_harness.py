@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench" / "e2e"))
 
 import e2e_analysis as an  # noqa: E402
+from support.policy import require  # noqa: E402
 
 from glmserve.launch import cli as launch_cli  # noqa: E402
 from glmserve.launch.host import Host  # noqa: E402
@@ -24,16 +25,6 @@ _spec = importlib.util.spec_from_file_location("e2e_harness", REPO / "bench" / "
 assert _spec and _spec.loader
 harness = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(harness)
-
-# The root conftest's require(): skip locally, fail in CI (loaded by file: other test folders
-# have their own conftest modules).
-_conf_spec = importlib.util.spec_from_file_location(
-    "e2e_root_conftest", REPO / "tests" / "conftest.py"
-)
-assert _conf_spec and _conf_spec.loader
-_conf = importlib.util.module_from_spec(_conf_spec)
-_conf_spec.loader.exec_module(_conf)
-require = _conf.require
 
 
 def _host(environ: dict[str, str]) -> Host:

@@ -12,7 +12,6 @@ import pytest
 from support.launch import (
     PINNED,
     PROFILES_DIR,
-    REPO,
     RTX,
     Outcome,
     Recorder,
@@ -82,11 +81,3 @@ def launch(base_env: dict[str, str]) -> Callable[..., Outcome]:
         return Outcome(code, out.getvalue(), err.getvalue(), rec)
 
     return _launch
-
-
-@pytest.fixture(scope="session")
-def require(pytestconfig: pytest.Config) -> Callable[[bool, str], None]:
-    """tests/conftest.py's require(): skip locally, fail when CI=true."""
-    root = pytestconfig.pluginmanager.get_plugin(str(REPO / "tests" / "conftest.py"))
-    assert root is not None, "tests/conftest.py was not loaded"
-    return root.require

@@ -19,19 +19,6 @@ PATCHES = REPO / "patches"
 
 
 @pytest.fixture(scope="session")
-def require(pytestconfig: pytest.Config) -> Callable[[bool, str], None]:
-    """tests/conftest.py's require(): skip locally, fail when CI=true."""
-    # Both conftests are module "conftest", so `from conftest import require` would be
-    # ambiguous; find the root one among the loaded plugins by its file instead.
-    root = REPO / "tests" / "conftest.py"
-    for plugin in pytestconfig.pluginmanager.get_plugins():
-        path = getattr(plugin, "__file__", None)
-        if path and Path(path).resolve() == root.resolve() and hasattr(plugin, "require"):
-            return plugin.require
-    raise AssertionError("tests/conftest.py (with require()) was not loaded")
-
-
-@pytest.fixture(scope="session")
 def pristine_site(
     tmp_path_factory: pytest.TempPathFactory, require: Callable[[bool, str], None]
 ) -> Callable[[str], Path]:

@@ -31,9 +31,6 @@ kernels (the order of fp32 accumulation, where P is rounded to bf16).
 
 from __future__ import annotations
 
-
-from typing import Optional
-
 import torch
 import triton
 import triton.language as tl
@@ -364,11 +361,11 @@ def mla_decode_fp8(
     sm_scale: float,
     out: torch.Tensor,
     *,
-    num_splits: Optional[int] = None,
-    block_n: Optional[int] = None,
-    num_warps: Optional[int] = None,
-    num_stages: Optional[int] = None,
-    min_chunk: Optional[int] = None,
+    num_splits: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    min_chunk: int | None = None,
     scores_t: bool = False,
     asm_cvt: bool = False,
 ) -> torch.Tensor:
@@ -483,6 +480,3 @@ def reference_mla_decode(
         scores = (q @ rows.T) * sm_scale
         out[b] = torch.softmax(scores, dim=-1) @ rows[:, :D_LATENT]
     return out
-
-
-
