@@ -16,11 +16,14 @@ DEFAULT_PATH = "/run/glmserve/build-info.json"
 ENV_VAR = "GLMSERVE_BUILD_INFO"
 # attention_backend: the decode backend the launcher asked SGLang for ("flashinfer" = the patched
 # path; "nsa" = DSA, which the series does not touch; "" = unknown or left to SGLang).
+# fp8_attention: the patched path's FP8 decode ("native" kernel or "gather"-then-cast; "" where
+# the patch does not run).
 FIELDS = (
     "sglang_version",
     "patch_series",
     "patch_lock_sha256",
     "fp8_gather",
+    "fp8_attention",
     "attention_backend",
     "source",
 )
@@ -38,6 +41,10 @@ def write_build_info(path: str | os.PathLike[str], info: dict[str, str]) -> Path
     record = {key: str(info.get(key, "")) for key in FIELDS}
     if record["fp8_gather"] not in ("on", "off", ""):
         raise ValueError(f"fp8_gather must be 'on' or 'off', not {record['fp8_gather']!r}")
+    if record["fp8_attention"] not in ("native", "gather", ""):
+        raise ValueError(
+            f"fp8_attention must be 'native' or 'gather', not {record['fp8_attention']!r}"
+        )
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".build-info.")

@@ -47,17 +47,17 @@ def launch(base_env: dict[str, str]) -> Callable[..., Outcome]:
         version: str = PINNED,
         marker: Any = "good",
         preflight: list[str] | None = None,
-        selftest: tuple[str, str] = ("passed", "bit-identical on 3 cases"),
+        selftest: tuple[str, ...] = ("passed", "bit-identical on 3 cases"),
         driver: str | None = "580.95.05",
         cuda: str | None = "13.0",
     ) -> Outcome:
         rec = Recorder()
         environ = {**base_env, **(env or {})}
 
-        def fake_selftest(env: dict[str, str]) -> tuple[str, str]:
+        def fake_selftest(env: dict[str, str]) -> tuple[str, str, str]:
             rec.selftests += 1
             rec.selftest_env = dict(env)
-            return selftest
+            return (*selftest, "")[:3]  # (status, detail[, native verdict])
 
         host = Host(
             environ=environ,

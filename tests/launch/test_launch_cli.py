@@ -432,9 +432,41 @@ def test_start_runs_selftest_writes_build_info_then_execs(launch, base_env):
         "patch_series": PINNED,
         "patch_lock_sha256": "ab" * 32,
         "fp8_gather": "on",
+        "fp8_attention": "native",
         "attention_backend": "flashinfer",
         "source": "launcher",
     }
+
+
+def test_native_decode_failing_its_self_test_serves_on_the_proven_gather_path(launch, base_env):
+    """The gather checks passed, the native kernel's did not: serve with
+    GLMSERVE_FP8_ATTENTION=gather (not refuse), say so, and record it."""
+    outcome = launch(
+        ["--profile", RTX_PROFILE, *GLM_ARGS],
+        selftest=("passed", "bit-identical", "failed: native FP8 decode is WRONG: row error"),
+    )
+    assert outcome.code == 0, outcome.err
+    [(_file, _argv, env)] = outcome.rec.execs
+    assert env["GLMSERVE_FP8_ATTENTION"] == "gather"
+    assert "native FP8 decode self-test failed: native FP8 decode is WRONG" in outcome.err
+    assert "serving with GLMSERVE_FP8_ATTENTION=gather instead" in outcome.err
+    info = buildinfo.read_build_info(base_env["GLMSERVE_BUILD_INFO"])
+    assert info["fp8_attention"] == "gather"
+
+
+def test_native_decode_passing_its_self_test_keeps_the_chosen_mode(launch):
+    outcome = launch(
+        ["--profile", RTX_PROFILE, *GLM_ARGS], selftest=("passed", "ok", "passed: 4 cases")
+    )
+    [(_file, _argv, env)] = outcome.rec.execs
+    assert "GLMSERVE_FP8_ATTENTION" not in env or env["GLMSERVE_FP8_ATTENTION"] == "native"
+    assert "native FP8 decode self-test passed: 4 cases" in outcome.err
+
+
+def test_unknown_fp8_attention_mode_is_refused_before_anything_starts(launch):
+    outcome = launch(["--profile", RTX_PROFILE, *GLM_ARGS], env={"GLMSERVE_FP8_ATTENTION": "fast"})
+    assert_refused(outcome, "GLMSERVE_FP8_ATTENTION='fast' must be native")
+    assert outcome.rec.selftests == 0 and outcome.rec.execs == []
 
 
 def test_build_info_records_the_upstream_path_when_gather_is_off(launch, base_env):

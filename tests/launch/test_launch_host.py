@@ -26,11 +26,13 @@ def test_selftest_crash_counts_as_failed(monkeypatch):
         raise RuntimeError("CUDA error: illegal instruction")
 
     monkeypatch.setattr(selftest, "run_selftest", boom)
-    status, detail = host_mod.run_selftest({})
-    assert status == "failed" and "RuntimeError: CUDA error" in detail
+    status, detail, native = host_mod.run_selftest({})
+    assert status == "failed" and "RuntimeError: CUDA error" in detail and native == ""
 
 
 @pytest.mark.parametrize("status", ["passed", "skipped", "failed"])
 def test_selftest_report_is_passed_through(monkeypatch, status):
-    monkeypatch.setattr(selftest, "run_selftest", lambda timeout_s: SelfTestReport(status, "why"))
-    assert host_mod.run_selftest({}) == (status, "why")
+    monkeypatch.setattr(
+        selftest, "run_selftest", lambda timeout_s: SelfTestReport(status, "why", "passed: ok")
+    )
+    assert host_mod.run_selftest({}) == (status, "why", "passed: ok")

@@ -185,6 +185,21 @@ def fp8_gather_state(env: Mapping[str, str]) -> str:
     return "on" if raw == "1" else "off"
 
 
+FP8_ATTENTION = "GLMSERVE_FP8_ATTENTION"
+FP8_ATTENTION_MODES = ("native", "gather")
+
+
+def fp8_attention_mode(env: Mapping[str, str]) -> str:
+    """The decode path the patched backend takes: native (default) or gather."""
+    raw = env.get(FP8_ATTENTION, "native").strip().lower()
+    if raw not in FP8_ATTENTION_MODES:
+        raise LaunchError(
+            f"{FP8_ATTENTION}={raw!r} must be native (default: the FP8 decode kernel) or "
+            "gather (gather-then-cast + FlashInfer)"
+        )
+    return raw
+
+
 # Minimum Linux driver per CUDA major (NVIDIA's CUDA 13.0 / 12.x release notes, "CUDA Toolkit and
 # Minimum Required Driver Version"). The pinned base image is cu130, so in practice: R580+.
 MIN_DRIVER = {13: "580.65.06", 12: "525.60.13"}

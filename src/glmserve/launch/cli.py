@@ -309,6 +309,7 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
     # Validated on every path (compose always passes it), recorded only where it means something.
     gather = checks.fp8_gather_state(plan.env)
     fp8_gather = gather if patched_path else ""
+    checks.fp8_attention_mode(plan.env)
     checks.check_writable_dir(checks.flashinfer_cache_dir(plan.env), "FlashInfer JIT cache dir")
     series = str((marker or {}).get("series", ""))
     sglang_info = {
@@ -348,13 +349,19 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
     elif inputs.skip_selftest:
         print(f"{PROG}: self-test skipped by override", file=err)
     else:
-        status, detail = host.run_selftest(plan.env)
+        status, detail, native = host.run_selftest(plan.env)
         if status not in ("passed", "skipped"):
             raise LaunchError(
                 f"kernel self-test {status}: {detail}; refusing to serve "
                 "(override: --skip-selftest or GLMSERVE_SKIP_SELFTEST=1)"
             )
         print(f"{PROG}: self-test {status}: {detail}", file=err)
+        if native:
+            print(f"{PROG}: native FP8 decode self-test {native}", file=err)
+        if native.startswith("failed"):
+            # The gather path has just been proven bit-identical; serve on it rather than not.
+            plan.env[checks.FP8_ATTENTION] = "gather"
+            print(f"{PROG}: serving with {checks.FP8_ATTENTION}=gather instead", file=err)
     buildinfo.write_build_info(
         inputs.build_info,
         {
@@ -364,6 +371,8 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
             "patch_series": series,
             "patch_lock_sha256": str((marker or {}).get("lock_sha256", "")),
             "fp8_gather": fp8_gather,
+            # The decode path the patched backend takes (empty where the patch does not run).
+            "fp8_attention": checks.fp8_attention_mode(plan.env) if fp8_gather == "on" else "",
             "attention_backend": backend,
             "source": "launcher",
         },

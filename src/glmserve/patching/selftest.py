@@ -13,6 +13,12 @@ written), and one CUDA graph captured once and replayed with other slots and cou
 The shadow is poisoned with NaN before every gather, so a row the kernel failed to write
 reaches the attention output as NaN and the comparison fails.
 
+Then the native FP8 decode kernel (``fp8_mla_decode.py``), unless GLMSERVE_FP8_ATTENTION=gather:
+held to a tolerance against fp64, no worse than 1.5x FlashInfer on the BF16 cast
+(glmserve.patching.nativecheck). Its verdict is reported separately (``native``): a failure
+there does not fail the self-test; the launcher serves with GLMSERVE_FP8_ATTENTION=gather.
+``--native-fault drop-last-token`` injects a fault the native check must refuse.
+
 Exit status: 0 passed or skipped (no GPU, or ``GLMSERVE_FP8_GATHER=0``), 1 failed.
 The check runs in a child process so a hung GPU cannot hang the launcher: FlashInfer's
 one-off JIT build of the MLA kernel (the same build the server needs) gets its own, longer
@@ -37,6 +43,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from glmserve.patching.nativecheck import FAULTS
+
 ENV_SWITCH = "GLMSERVE_FP8_GATHER"
 KERNEL_REL = Path("srt", "layers", "attention", "fp8_kv_gather.py")
 _READY = "GLMSERVE-SELFTEST-READY"
@@ -52,6 +60,10 @@ ROW_DIM = CKV_DIM + KPE_DIM
 class SelfTestReport:
     status: str  # "passed" | "failed" | "skipped"
     detail: str
+    # The native FP8 decode kernel's own verdict ("passed: ...", "failed: ...", "skipped: ...",
+    # "" when not run). A failure there does not fail the self-test: the launcher then serves
+    # with GLMSERVE_FP8_ATTENTION=gather, which the gather checks above have proven.
+    native: str = ""
 
     @property
     def ok(self) -> bool:
@@ -317,7 +329,39 @@ def _flashinfer_graph_check(
     return check
 
 
-def _child(module_path: str | None, seed: int) -> int:
+def _native_verdict(
+    torch: Any, attention: Attention, device: Any, seed: int, inject, pool_rows: int = 65_537
+) -> str:
+    """Run glmserve.patching.nativecheck on the installed fp8_mla_decode.py, as one line."""
+    from glmserve.patching import nativecheck
+
+    mode = os.environ.get(nativecheck.ENV_MODE, "native").strip().lower()
+    if mode != "native":
+        return f"skipped: {nativecheck.ENV_MODE}={mode}"
+    path = installed_kernel_path()
+    native_path = path.parent / nativecheck.NATIVE_REL.name if path else None
+    if native_path is None or not native_path.is_file():
+        return "skipped: this series has no native decode module"
+    if torch.cuda.get_device_capability(device) < (8, 9):
+        return "skipped: compute capability below 8.9"
+
+    def upstream(q_nope, q_pe, kv, kv_indptr, kv_indices, out):
+        qo_indptr = torch.arange(q_nope.shape[0] + 1, dtype=torch.int32, device=device)
+        out.copy_(attention(q_nope, q_pe, kv, kv_indptr, kv_indices, qo_indptr, False))
+
+    try:
+        module = load_kernel_module(native_path)
+        lines = nativecheck.run_native_checks(
+            torch, module, upstream, device=device, seed=seed, pool_rows=pool_rows, inject=inject
+        )
+    except nativecheck.NativeCheckFailure as exc:
+        return f"failed: native FP8 decode is WRONG: {exc}"
+    except Exception as exc:
+        return f"failed: native FP8 decode crashed: {type(exc).__name__}: {exc}"
+    return "passed: " + "; ".join(lines)
+
+
+def _child(module_path: str | None, seed: int, native_fault: str | None = None) -> int:
     """Runs in the child process: prints READY after warm-up, then one RESULT line."""
     t0 = time.monotonic()
     try:
@@ -342,6 +386,8 @@ def _child(module_path: str | None, seed: int) -> int:
             torch, kernel, attention, device=device, pool_rows=1024, heads=heads, seed=seed + 1
         )
         del warm
+        # The native kernel's Triton compile (and its graph capture) belongs to warm-up too.
+        _native_verdict(torch, attention, device, seed + 1, native_fault, pool_rows=4096)
         torch.cuda.synchronize()
         print(_READY, flush=True)
         t1 = time.monotonic()
@@ -362,7 +408,8 @@ def _child(module_path: str | None, seed: int) -> int:
             f"{torch.cuda.get_device_name()} ({path}); warm-up {t1 - t0:.1f} s, "
             f"checks {t2 - t1:.1f} s: " + "; ".join(lines)
         )
-        report = SelfTestReport("passed", detail)
+        native = _native_verdict(torch, attention, device, seed, native_fault)
+        report = SelfTestReport("passed", detail, native)
     except SelfTestFailure as exc:
         report = SelfTestReport("failed", f"patched FP8 KV gather is WRONG: {exc}")
     except Exception as exc:  # any crash of the patched path is a failure to prove it
@@ -397,6 +444,7 @@ def run_selftest(
     jit_timeout_s: float = 600.0,
     module_path: str | None = None,
     seed: int | None = None,
+    native_fault: str | None = None,
 ) -> SelfTestReport:
     """Prove the patched gather on this GPU. Never raises; see the module docstring."""
     # The same switch (and the same accepted values) the patched SGLang reads.
@@ -413,6 +461,8 @@ def run_selftest(
     cmd = [sys.executable, "-m", "glmserve.patching.selftest", "--child", "--seed", str(seed)]
     if module_path:
         cmd += ["--module", str(module_path)]
+    if native_fault:
+        cmd += ["--native-fault", native_fault]
     env = dict(os.environ)
     package_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
@@ -445,7 +495,7 @@ def run_selftest(
             elif line.startswith(_RESULT):
                 doc = json.loads(line[len(_RESULT) :])
                 proc.wait(timeout=30)
-                return SelfTestReport(doc["status"], doc["detail"])
+                return SelfTestReport(doc["status"], doc["detail"], doc.get("native", ""))
             else:
                 tail = [*tail[-20:], line]
     finally:
@@ -465,18 +515,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jit-timeout", type=float, default=600.0, help="seconds for warm-up")
     parser.add_argument("--module", help="test this fp8_kv_gather.py instead of the installed one")
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--native-fault",
+        choices=FAULTS,
+        help="inject a fault into the native decode kernel (its check must refuse it)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        return _child(args.module, args.seed if args.seed is not None else 0)
+        seed = args.seed if args.seed is not None else 0
+        return _child(args.module, seed, args.native_fault)
     report = run_selftest(
-        args.timeout, jit_timeout_s=args.jit_timeout, module_path=args.module, seed=args.seed
+        args.timeout,
+        jit_timeout_s=args.jit_timeout,
+        module_path=args.module,
+        seed=args.seed,
+        native_fault=args.native_fault,
     )
     if args.json:
         print(json.dumps(asdict(report)))
     else:
         print(f"glmserve self-test {report.status.upper()}: {report.detail}")
+        if report.native:
+            print(f"glmserve native FP8 decode self-test {report.native}")
     return 0 if report.ok else 1
 
 
