@@ -73,6 +73,7 @@ def load_module(path: str | None, name: str):
         sys.exit(f"fp8_decode: {path} not found (is the patch series applied?)")
     spec = importlib.util.spec_from_file_location(Path(path).stem + "_bench", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses and triton.jit look their module up
     spec.loader.exec_module(module)
     return module, path
 
@@ -374,13 +375,7 @@ class Timer:
     def native_us(self, bs, ctx, variant: dict | None = None, inputs=None) -> float:
         kv_indptr, idx, q, qpe = inputs or self.inputs(bs, ctx, 0)
         outs = [torch.empty_like(x) for x in q]
-        kw = dict(variant or {})
-        per_sm = kw.pop("programs_per_sm", None)
-        if per_sm is not None:
-            groups = triton.cdiv(self.heads, self.native.BLOCK_H)
-            kw["num_splits"] = max(
-                1, min(self.native.MAX_SPLITS, triton.cdiv(self.sms * per_sm, bs * groups))
-            )
+        kw = {"config": self.native.LaunchConfig(**variant)} if variant else {}
 
         def step():
             for i, pool in enumerate(self.pools):
@@ -518,10 +513,10 @@ def plot(doc: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, len(heads), figsize=(7 * len(heads), 5), squeeze=False)
     series = [
         ("upstream_us", "upstream: full-pool cast + fa2", "#b22222"),
-        ("gather_us", "gather-then-cast + fa2 (0001)", "#e69f00"),
+        ("gather_us", "gather-then-cast + fa2", "#e69f00"),
         ("bf16_fa2_us", "BF16 KV, fa2 (SM120 family)", "#56b4e9"),
         ("bf16_auto_us", "BF16 KV, auto (fa3 on SM90)", "#0072b2"),
-        ("native_us", "native FP8 (0002)", "#009e73"),
+        ("native_us", "native FP8 kernel (fp8_mla_decode)", "#009e73"),
     ]
     for ax, h in zip(axes[0], heads, strict=True):
         rows = [r for r in doc["timings"] if r["heads"] == h]
@@ -534,11 +529,12 @@ def plot(doc: dict, path: Path) -> None:
         ax.set_ylabel("µs per layer (CUDA-graph replay, median)")
         ax.set_title(f"{h} heads per rank")
         ax.grid(True, axis="y", which="both", alpha=0.3)
-    axes[0][0].legend(fontsize=8, loc="upper left")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(series), fontsize=8, frameon=False)
     fig.suptitle(
         f"FP8 MLA decode attention per layer, pool {doc['pool_rows']:,} x 576 — {doc['device']}"
     )
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(path, dpi=120)
 
 
@@ -628,7 +624,16 @@ def main() -> int:
     parser.add_argument("--sweep", action="store_true", help="time native launch variants first")
     parser.add_argument("--no-numerics", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--replot", help="redraw .md/.png under --out from this JSON (no GPU)")
     args = parser.parse_args()
+    if args.replot:
+        doc = json.loads(Path(args.replot).read_text())
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        stem = Path(args.replot).stem
+        (out / f"{stem}.md").write_text(markdown(doc))
+        plot(doc, out / f"{stem}.png")
+        return 0
     if not torch.cuda.is_available():
         print("fp8_decode: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -647,15 +652,8 @@ def main() -> int:
         "versions": versions(),
         "native": native_path,
         "native_defaults": {
-            k: getattr(native, k)
-            for k in (
-                "BLOCK_H",
-                "BLOCK_N",
-                "NUM_WARPS",
-                "NUM_STAGES",
-                "SPLIT_PROGRAMS_PER_SM",
-                "MIN_CHUNK",
-            )
+            f"batch <= {native.SMALL_BATCH}": str(native.launch_config(1, torch.device("cuda"))),
+            f"batch > {native.SMALL_BATCH}": str(native.CONFIG_LARGE_BATCH),
         },
         "pool_rows": args.pool_rows,
         "copy_ceiling_tbs": ceiling,
