@@ -41,6 +41,7 @@ if (REPO / "src" / "glmserve").is_dir() and importlib.util.find_spec("glmserve")
 import e2e_analysis as an  # noqa: E402
 
 from glmserve import sglang_api, streaming  # noqa: E402
+from glmserve.serverproc import ServerProcess, stop_all  # noqa: E402
 
 ITL_METRIC = "sglang:inter_token_latency_seconds"
 
@@ -101,88 +102,15 @@ def launch_argv(spec: an.ServerSpec, mode: str, paths: dict[str, Path], python: 
     ]  # fmt: skip
 
 
-class Server:
+class Server(ServerProcess):
+    """A server of the plan: glmserve.serverproc's process plus the spec it was started from."""
+
     def __init__(self, spec: an.ServerSpec, argv: list[str], env: dict[str, str], log_path: Path):
-        self.spec, self.argv, self.env, self.log_path = spec, argv, env, log_path
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.t_start = 0.0
-        self.ready_s: float | None = None
-        self.error: str | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.spec.port}"
-
-    def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        fh = open(self.log_path, "wb")  # noqa: SIM115 - the child owns it for its lifetime
-        self.t_start = time.monotonic()
-        # Own session: stopping the group reaches SGLang's scheduler/detokenizer children too.
-        self.proc = subprocess.Popen(
-            self.argv, env=self.env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        fh.close()
         # A run killed at the device tool's limit cannot stop its servers (they have their own
         # sessions); the next device.sh reads this file and stops these groups by id.
-        pid_file = os.environ.get("E2E_PGID_FILE")
-        if pid_file:
-            with open(pid_file, "a") as f:
-                f.write(f"{self.proc.pid}\n")
-
-    def poll_ready(self, http: Any) -> bool:
-        """True once /health answers 200 (SGLang: after its own warm-up request)."""
-        if self.ready_s is not None:
-            return True
-        if self.error:
-            return False
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            self.error = f"exited with {self.proc.returncode} before ready; tail: {self.tail()}"
-            return False
-        try:
-            r = http.get(self.url + sglang_api.HEALTH, timeout=2.0)
-        except Exception:
-            return False
-        if r.status_code == 200:
-            self.ready_s = time.monotonic() - self.t_start
-            return True
-        return False
-
-    def tail(self, n: int = 400) -> str:
-        try:
-            return self.log_path.read_bytes()[-n:].decode("utf-8", "replace").replace("\n", " | ")
-        except OSError:
-            return ""
-
-    def terminate(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-
-    def reap(self, deadline: float) -> None:
-        """Wait until `deadline` (monotonic) for the group leader, then kill the whole group."""
-        if self.proc is None:
-            return
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        # SGLang's children (scheduler, detokenizer) share the group: kill whatever is left.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        self.terminate()
-        self.reap(time.monotonic() + 15)
-
-
-def stop_all(servers: Sequence[Server], grace_s: float = 15.0) -> None:
-    """SIGTERM every server first, then reap them against one shared grace period."""
-    for srv in servers:
-        srv.terminate()
-    deadline = time.monotonic() + grace_s
-    for srv in servers:
-        srv.reap(deadline)
+        url = f"http://127.0.0.1:{spec.port}"
+        super().__init__(argv, env, log_path, url, pid_file=os.environ.get("E2E_PGID_FILE"))
+        self.spec = spec
 
 
 # ---------------------------------------------------------------- measuring
@@ -373,7 +301,7 @@ class Run:
         pending = [self.servers[k] for k in keys if k in self.servers]
         while pending and time.monotonic() < end:
             for srv in list(pending):
-                if srv.poll_ready(http):
+                if srv.poll_ready():
                     log(f"{srv.spec.key} ready after {srv.ready_s:.0f} s")
                     pending.remove(srv)
                     self.res(srv.spec.key)["ready_s"] = srv.ready_s

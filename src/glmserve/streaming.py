@@ -124,6 +124,13 @@ class StreamTiming:
     prompt_tokens: int | None
     events: int
     token_events: int
+    # What the stream said, for callers that compare outputs (the smoke test): the generated
+    # text, the token ids (/generate sends them; () elsewhere) and the prompt tokens the server
+    # served from its prefix cache (/generate meta_info.cached_tokens; OpenAI routes only with
+    # --enable-cache-report). Not part of any timing.
+    text: str = ""
+    output_ids: tuple[int, ...] = ()
+    cached_tokens: int | None = None
 
     @property
     def decode_tokens_per_s(self) -> float | None:
@@ -182,6 +189,9 @@ class StreamTimer:
         self._cumulative = 0  # last cumulative completion-token counter seen
         self._usage_total: int | None = None
         self._prompt_tokens: int | None = None
+        self._text = ""
+        self._output_ids: tuple[int, ...] = ()
+        self._cached_tokens: int | None = None
         self.done = False  # saw [DONE]
 
     def feed(self, chunk: bytes, now: float | None = None) -> None:
@@ -222,8 +232,21 @@ class StreamTimer:
         meta = obj.get("meta_info")
         if isinstance(meta, dict):
             self._prompt_tokens = meta.get("prompt_tokens", self._prompt_tokens)
+            self._cached_tokens = meta.get("cached_tokens", self._cached_tokens)
+            # /generate repeats the whole text and id list so far (SGLang's default,
+            # non-incremental streaming; intermediate events may carry text null).
+            if text:
+                self._text = text
+            ids = obj.get("output_ids")
+            if isinstance(ids, list):
+                self._output_ids = tuple(int(i) for i in ids)
+        else:
+            self._text += text
         if isinstance(usage, dict):
             self._prompt_tokens = usage.get("prompt_tokens", self._prompt_tokens)
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and details.get("cached_tokens") is not None:
+                self._cached_tokens = details["cached_tokens"]
             if not obj.get("choices"):  # the final usage-only chunk holds the total
                 self._usage_total = usage.get("completion_tokens", self._usage_total)
         if cumulative is not None:
@@ -256,6 +279,9 @@ class StreamTimer:
             prompt_tokens=self._prompt_tokens,
             events=self._events,
             token_events=len(events),
+            text=self._text,
+            output_ids=self._output_ids,
+            cached_tokens=self._cached_tokens,
         )
 
 

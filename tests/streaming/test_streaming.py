@@ -137,3 +137,19 @@ def test_valid_json_of_the_wrong_shape_is_malformed_sse() -> None:
     with pytest.raises(StreamError) as err:
         timer.feed(b'data: {"choices": "x"}\n\n', now=0.1)
     assert err.value.reason == "malformed_sse"
+
+
+def test_the_stream_content_is_kept_for_callers_that_compare_outputs() -> None:
+    """/generate repeats its text and ids cumulatively: the last ones are the output. The chat
+    route sends deltas: they are joined. Neither changes a timing."""
+    native = replay("generate_native.jsonl")
+    assert native.text == "a b c d" and native.output_ids == (0, 1, 2, 3)
+    chat = replay("chat_multitoken_chunks.jsonl")
+    deltas = []
+    for line in (HERE / "fixtures" / "chat_multitoken_chunks.jsonl").read_text().splitlines():
+        for data in SSEDecoder().feed(json.loads(line)["bytes"].encode()):
+            if data.strip() != "[DONE]":
+                for choice in json.loads(data).get("choices") or ():
+                    deltas.append((choice.get("delta") or {}).get("content") or "")
+    assert chat.text == "".join(deltas) and len(chat.text) > 3
+    assert chat.output_ids == ()

@@ -23,6 +23,7 @@ from glmserve.emulator import protocol as P
 from glmserve.emulator.config import EmulatorConfig
 from glmserve.emulator.engine import Engine, GenRequest, OutputBatch
 from glmserve.emulator.metrics import MetricsState, make_registry
+from glmserve.emulator.prefix import PrefixCache
 
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8")]
 JSON_HEADERS = [(b"content-type", b"application/json")]
@@ -299,6 +300,7 @@ class EmulatorState:
     metrics: MetricsState
     engine: Engine
     started: float
+    prefix_cache: PrefixCache = dataclasses.field(default_factory=PrefixCache)
 
 
 def create_app(config: EmulatorConfig) -> Starlette:
@@ -329,6 +331,9 @@ def create_app(config: EmulatorConfig) -> Starlette:
             req = parsed.to_gen_request(config)
         except P.EngineValueError as exc:
             raise P.openai_error(str(exc)) from exc
+        req.cached_tokens = state.prefix_cache.lookup_and_insert(
+            parsed.prompt_key, parsed.prompt_tokens
+        )
         cls = ChatRenderer if route == "chat" else CompletionRenderer
         renderer = cls(parsed, req, config)
         return GenerationResponse(engine, req, renderer, parsed.stream, headers_first=False)
@@ -353,6 +358,9 @@ def create_app(config: EmulatorConfig) -> Starlette:
             if stream:
                 return StreamedError(str(exc))
             return _json({"error": {"message": str(exc)}}, 400)
+        req.cached_tokens = state.prefix_cache.lookup_and_insert(
+            parsed.prompt_key, parsed.prompt_tokens
+        )
         renderer = GenerateRenderer(parsed, req, config)
         return GenerationResponse(engine, req, renderer, parsed.stream, headers_first=True)
 

@@ -48,6 +48,7 @@ class GenRequest:
     generated: int = 0
     last_output: float = 0.0
     done: bool = False
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache (emulator.prefix)
 
     @property
     def reservation(self) -> int:

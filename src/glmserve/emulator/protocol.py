@@ -517,7 +517,7 @@ def generate_meta(
         "num_retractions": 0,
         "reasoning_tokens": 0,
         "completion_tokens": completion_tokens,
-        "cached_tokens": 0,
+        "cached_tokens": req.cached_tokens,
     }
     if finished:
         meta["e2e_latency"] = now - req.arrival
