@@ -139,6 +139,33 @@ def test_default_profile_from_env_example_is_the_real_server(tmp_path: Path) -> 
     assert sglang["healthcheck"]["start_period"] in ("20m0s", "20m")
 
 
+def test_the_smoke_service_is_the_server_with_the_smoke_entrypoint(tmp_path: Path) -> None:
+    """`docker compose run --rm smoke`: same image, model, GPUs and launcher settings as sglang,
+    only in its own profile (never started by `up`), reports on the host, no health check."""
+    assert "smoke" not in config_json(example_env(tmp_path))["services"]
+    services = config_json(example_env(tmp_path), "gpu", "smoke")["services"]
+    smoke, sglang = services["smoke"], services["sglang"]
+    assert smoke["entrypoint"] == ["python3", "-m", "glmserve.smoke"]
+    assert smoke["profiles"] == ["smoke"] and smoke["restart"] == "no"
+    assert smoke["image"] == sglang["image"] and smoke["deploy"] == sglang["deploy"]
+    assert smoke["environment"] == sglang["environment"]
+    assert smoke["ipc"] == "host" and smoke["ulimits"] == sglang["ulimits"]
+    volumes = {v["target"]: v for v in smoke["volumes"]}
+    assert volumes["/model"]["read_only"] is True and volumes["/model"]["source"] == next(
+        v["source"] for v in sglang["volumes"] if v["target"] == "/model"
+    )
+    assert volumes["/opt/glmserve/smoke-report"]["type"] == "bind"
+    assert "/run/glmserve" not in volumes  # its build info must not reach the exporter
+    assert "healthcheck" not in smoke or smoke["healthcheck"] in ({}, {"disable": True})
+
+
+def test_host_nccl_settings_pass_through_only_when_set(tmp_path: Path) -> None:
+    unset = config_json(example_env(tmp_path), "gpu")["services"]["sglang"]["environment"]
+    assert unset.get("NCCL_P2P_LEVEL") is None  # compose leaves it out of the container
+    env = example_env(tmp_path, NCCL_P2P_LEVEL="SYS")
+    assert config_json(env, "gpu")["services"]["sglang"]["environment"]["NCCL_P2P_LEVEL"] == "SYS"
+
+
 def test_emulated_profile_needs_no_gpu(tmp_path: Path) -> None:
     """`--profile emulated` replaces COMPOSE_PROFILES=gpu: no service reserves a GPU."""
     services = config_json(example_env(tmp_path), "emulated")["services"]
@@ -170,11 +197,28 @@ def test_services_bind_loopback_by_default(tmp_path: Path) -> None:
     assert "--web-host=127.0.0.1" in services["locust"]["command"]
 
 
+class _ComposeLoader(yaml.SafeLoader):
+    """SafeLoader that reads compose's merge tags (!reset, !override) as plain values."""
+
+
+for _tag in ("!reset", "!override"):
+    _ComposeLoader.add_constructor(
+        _tag,
+        lambda loader, node: (
+            loader.construct_sequence(node)
+            if isinstance(node, yaml.SequenceNode)
+            else loader.construct_mapping(node)
+            if isinstance(node, yaml.MappingNode)
+            else loader.construct_scalar(node)
+        ),
+    )
+
+
 def test_env_example_documents_every_variable() -> None:
     """Each ${VAR} and each pass-through build arg in compose.yaml has a line in .env.example."""
     compose = (REPO / "compose.yaml").read_text()
     used = set(re.findall(r"\$\{([A-Z0-9_]+)", compose))
-    raw = yaml.safe_load(compose)
+    raw = yaml.load(compose, Loader=_ComposeLoader)  # a SafeLoader subclass
     for svc in raw["services"].values():
         build = svc.get("build")
         if isinstance(build, dict):

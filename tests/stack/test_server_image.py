@@ -116,6 +116,19 @@ def test_launcher_refuses_an_unknown_profile_in_one_line(server_image: str) -> N
     assert PROFILES[0] in lines[0]
 
 
+def test_the_smoke_test_ships_in_the_server_image(server_image: str) -> None:
+    """`docker compose run --rm smoke` runs python3 -m glmserve.smoke in this image; its bad
+    input is one line (here: no profile, nothing started)."""
+    proc = docker_run(server_image, "-m", "glmserve.smoke", "--help", entrypoint="python3")
+    assert proc.returncode == 0, proc.stderr
+    assert "--variants" in proc.stdout
+    proc = docker_run(server_image, "-m", "glmserve.smoke", entrypoint="python3")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "glmserve.smoke: error: no profile given (--profile or GLMSERVE_PROFILE)"
+    ]
+
+
 def test_build_time_ca_is_not_in_the_server_image(server_image: str) -> None:
     assert image_files(server_image, "os-release")  # control: the search itself works
     assert image_files(server_image, "host-ca-bundle.crt") == []

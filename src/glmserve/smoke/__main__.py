@@ -1,0 +1,5 @@
+import sys
+
+from glmserve.smoke.cli import main
+
+sys.exit(main())
