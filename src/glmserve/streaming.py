@@ -125,9 +125,10 @@ class StreamTiming:
     events: int
     token_events: int
     # What the stream said, for callers that compare outputs (the smoke test): the generated
-    # text, the token ids (/generate sends them; () elsewhere) and the prompt tokens the server
-    # served from its prefix cache (/generate meta_info.cached_tokens; OpenAI routes only with
-    # --enable-cache-report). Not part of any timing.
+    # text and the token ids (/generate sends them; () elsewhere), kept only with
+    # keep_content=True; and the prompt tokens the server served from its prefix cache
+    # (/generate meta_info.cached_tokens; OpenAI routes only with --enable-cache-report).
+    # Not part of any timing.
     text: str = ""
     output_ids: tuple[int, ...] = ()
     cached_tokens: int | None = None
@@ -178,7 +179,15 @@ class StreamTimer:
     The clock is injected so recorded fixtures replay to golden timings.
     """
 
-    def __init__(self, t_request: float, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        t_request: float,
+        clock: Callable[[], float] = time.perf_counter,
+        keep_content: bool = False,
+    ) -> None:
+        # keep_content: also keep the text and token ids (the smoke test compares outputs; the
+        # load test and the canary only time, and keep thousands of timings in memory).
+        self.keep_content = keep_content
         self.t_request = t_request
         self._clock = clock
         self._sse = SSEDecoder()
@@ -189,7 +198,8 @@ class StreamTimer:
         self._cumulative = 0  # last cumulative completion-token counter seen
         self._usage_total: int | None = None
         self._prompt_tokens: int | None = None
-        self._text = ""
+        self._text = ""  # /generate: the latest cumulative text
+        self._deltas: list[str] = []  # OpenAI routes: the text pieces, joined once at the end
         self._output_ids: tuple[int, ...] = ()
         self._cached_tokens: int | None = None
         self.done = False  # saw [DONE]
@@ -235,13 +245,14 @@ class StreamTimer:
             self._cached_tokens = meta.get("cached_tokens", self._cached_tokens)
             # /generate repeats the whole text and id list so far (SGLang's default,
             # non-incremental streaming; intermediate events may carry text null).
-            if text:
-                self._text = text
-            ids = obj.get("output_ids")
-            if isinstance(ids, list):
-                self._output_ids = tuple(int(i) for i in ids)
-        else:
-            self._text += text
+            if self.keep_content:
+                if text:
+                    self._text = text
+                ids = obj.get("output_ids")
+                if isinstance(ids, list):
+                    self._output_ids = tuple(int(i) for i in ids)
+        elif text and self.keep_content:
+            self._deltas.append(text)
         if isinstance(usage, dict):
             self._prompt_tokens = usage.get("prompt_tokens", self._prompt_tokens)
             details = usage.get("prompt_tokens_details")
@@ -279,7 +290,7 @@ class StreamTimer:
             prompt_tokens=self._prompt_tokens,
             events=self._events,
             token_events=len(events),
-            text=self._text,
+            text=self._text or "".join(self._deltas),
             output_ids=self._output_ids,
             cached_tokens=self._cached_tokens,
         )
@@ -382,6 +393,7 @@ def time_stream(
     client: Any = None,
     timeout_s: float = 60.0,
     clock: Callable[[], float] = time.perf_counter,
+    keep_content: bool = False,
 ) -> StreamTiming:
     """Send one streaming request with httpx (sync) and time it. Raises StreamError.
 
@@ -394,7 +406,7 @@ def time_stream(
     deadline = clock() + timeout_s
     try:
         t0 = clock()
-        timer = StreamTimer(t0, clock)
+        timer = StreamTimer(t0, clock, keep_content=keep_content)
         with http.stream("POST", base_url.rstrip("/") + request.path, json=request.payload()) as r:
             if r.status_code >= 300:
                 body = r.read().decode("utf-8", "replace")[:200]

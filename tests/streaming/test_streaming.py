@@ -23,9 +23,13 @@ GOLDEN = json.loads((HERE / "golden.json").read_text())
 FIXTURES = sorted(name for name in GOLDEN if not name.startswith("_"))
 
 
-def replay(name: str):
+def replay(name: str, keep_content: bool = False):
     """Feed a fixture's byte pieces at their recorded times; request sent at t=0."""
-    timer = StreamTimer(t_request=0.0, clock=lambda: pytest.fail("clock must not be read"))
+    timer = StreamTimer(
+        t_request=0.0,
+        clock=lambda: pytest.fail("clock must not be read"),
+        keep_content=keep_content,
+    )
     last_t = 0.0
     for line in (HERE / "fixtures" / name).read_text().splitlines():
         piece = json.loads(line)
@@ -141,10 +145,14 @@ def test_valid_json_of_the_wrong_shape_is_malformed_sse() -> None:
 
 def test_the_stream_content_is_kept_for_callers_that_compare_outputs() -> None:
     """/generate repeats its text and ids cumulatively: the last ones are the output. The chat
-    route sends deltas: they are joined. Neither changes a timing."""
-    native = replay("generate_native.jsonl")
+    route sends deltas: they are joined. Only on request (keep_content): the load test keeps
+    thousands of timings. The timings themselves do not change."""
+    native = replay("generate_native.jsonl", keep_content=True)
     assert native.text == "a b c d" and native.output_ids == (0, 1, 2, 3)
-    chat = replay("chat_multitoken_chunks.jsonl")
+    plain = replay("generate_native.jsonl")
+    assert plain.text == "" and plain.output_ids == ()
+    assert (plain.ttft_s, plain.tpot_s, plain.itl_s) == (native.ttft_s, native.tpot_s, native.itl_s)
+    chat = replay("chat_multitoken_chunks.jsonl", keep_content=True)
     deltas = []
     for line in (HERE / "fixtures" / "chat_multitoken_chunks.jsonl").read_text().splitlines():
         for data in SSEDecoder().feed(json.loads(line)["bytes"].encode()):

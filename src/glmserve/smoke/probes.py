@@ -157,7 +157,7 @@ def run(url: str, probe: Probe, client: Any, timeout_s: float) -> dict[str, Any]
     )
     out: dict[str, Any] = {"probe": probe.id, "group": probe.group}
     try:
-        t = time_stream(url, req, client=client, timeout_s=timeout_s)
+        t = time_stream(url, req, client=client, timeout_s=timeout_s, keep_content=True)
     except StreamError as exc:
         out["error"] = str(exc)[:300]
         return out
