@@ -5,6 +5,8 @@
 #   bash bench/device_run.sh e2e [ARGS]         real SGLang servers: bench/e2e/harness.py ARGS
 #   bash bench/device_run.sh native [ARGS]      real SGLang servers: bench/e2e/native.py ARGS
 #   bash bench/device_run.sh fp8-decode [ARGS]  kernels side by side: bench/fp8_decode.py ARGS
+#   bash bench/device_run.sh smoke [ARGS]       the operator smoke test: python -m glmserve.smoke ARGS
+#                                               (e.g. --profile tiny-mla --ready-timeout-s 240)
 #   Aliases: bench/e2e/device.sh = e2e, bench/e2e/native_device.sh = native,
 #            bench/fp8_decode_device.sh = fp8-decode.
 #
@@ -23,7 +25,7 @@
 set -uo pipefail
 : "${OUT:?OUT must name the folder that comes back}"
 job=kernel
-case "${1:-}" in kernel | e2e | native | fp8-decode) job=$1; shift ;; esac
+case "${1:-}" in kernel | e2e | native | fp8-decode | smoke) job=$1; shift ;; esac
 BUNDLE=${BUNDLE:-.bundle/sglang-0.5.12.post1.tar.xz}
 JIT_IN=${JIT_CACHE:-.bundle/jit-cache.tar.xz}
 WORK=${DEVICE_WORK:-/tmp/glmserve-device}
@@ -93,15 +95,18 @@ kernel)
   step "benchmark"
   gpu python3 bench/gather_cast.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | tail -45
   ;;
-e2e | native | fp8-decode)
+e2e | native | fp8-decode | smoke)
   # One Python script under a hard stop well inside the tool's 600 s: the scripts turn SIGTERM
   # into an orderly stop + save.
   case $job in
     e2e) script=(bench/e2e/harness.py --mode device); tee_to=harness.log; hard=${E2E_HARD_S:-540} ;;
     native) script=(bench/e2e/native.py); tee_to=run.log; hard=${E2E_HARD_S:-520} ;;
     fp8-decode) script=(bench/fp8_decode.py); tee_to=run.log; hard=${FP8_DECODE_HARD_S:-560} ;;
+    # One server at a time through the launcher, on a profile of the working tree (the tiny
+    # profiles find their model next to them); its logs/ and buildinfo/ are packed below.
+    smoke) script=(-m glmserve.smoke); tee_to=smoke.log; hard=${SMOKE_HARD_S:-560} ;;
   esac
-  if [ "$job" != fp8-decode ]; then
+  if [ "$job" = e2e ] || [ "$job" = native ]; then
     # Servers of an earlier call killed at its time limit (same warm machine): stop their process
     # groups by the ids the harness recorded, so ports and GPU memory are free again.
     export E2E_PGID_FILE=${E2E_PGID_FILE:-/tmp/e2e-server-pgids}
