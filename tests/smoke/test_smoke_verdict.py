@@ -33,8 +33,15 @@ def _probe_result(probe: P.Probe, ids: list[int], answer: bool | None) -> dict:
 def good_results() -> dict:
     results = {}
     for v in VARIANTS:
+        gather = {"0": "off"}.get(v.env.get("GLMSERVE_FP8_GATHER", ""), "on")
         results[v.name] = {
             "ready_s": 1.0,
+            "build_info": {
+                "fp8_gather": gather,
+                "fp8_attention": v.env.get("GLMSERVE_FP8_ATTENTION", "native")
+                if gather == "on"
+                else "",
+            },
             "server": {"kv_cache_dtype": v.kv_cache_dtype, "attention_backend": "flashinfer"},
             "probes": {p.id: _probe_result(p, [1, 2, 3, 4], True) for p in PROBES},
         }
@@ -101,6 +108,12 @@ def test_answers_only_count_where_the_reference_answers():
          "long prompt", "bf16-kv/long: 900 prompt tokens"),
         (lambda r: r["fp8-native"]["server"].update(kv_cache_dtype="bfloat16"),
          "as asked", "fp8-native asked for fp8_e4m3, the server runs bfloat16"),
+        # The launcher fell back to gather after a failed native self-test.
+        (lambda r: r["fp8-native"].update(build_info={"fp8_gather": "on", "fp8_attention": "gather"}),
+         "as asked", "fp8-native asked for GLMSERVE_FP8_ATTENTION=native, the launcher recorded "
+         "fp8_attention=gather"),
+        (lambda r: r["fp8-gather"].update(build_info={"fp8_gather": "off"}),
+         "as asked", "fp8-gather asked for GLMSERVE_FP8_GATHER=1, the launcher recorded fp8_gather=off"),
     ],
 )  # fmt: skip
 def test_each_check_catches_its_fault(mutate, check, fragment):

@@ -4,7 +4,8 @@ recorded results, no server needed).
 Checks, each over every variant that ran:
 - served: the server came up and answered every probe;
 - as asked: /server_info reports the KV dtype the variant asked for (a stale GLMSERVE_EXTRA_ARGS
-  or profile cannot quietly turn an FP8 run into a BF16 one);
+  or profile cannot quietly turn an FP8 run into a BF16 one), and the launcher's build info the
+  patch switches it asked for (a native self-test failure makes the launcher serve gather);
 - prefix cache: the probes that reuse a prefix were served partly from the cache;
 - long prompt: the server counted the long prompt at its intended length;
 - identical: variants that claim bit-identity (the gather vs the upstream cast) gave the same
@@ -86,10 +87,27 @@ def evaluate(
 
     asked = []
     for v in variants:
-        served_dtype = (results.get(v.name, {}).get("server") or {}).get("kv_cache_dtype")
+        r = results.get(v.name, {})
+        served_dtype = (r.get("server") or {}).get("kv_cache_dtype")
         if not _same_dtype(v.kv_cache_dtype, served_dtype):
             asked.append(f"{v.name} asked for {v.kv_cache_dtype}, the server runs {served_dtype}")
-    per_variant("as asked", asked, "every server runs the KV dtype its variant asked for")
+        # The launcher's build info says which patch paths it really served (e.g. it falls back
+        # to gather when the native self-test fails): a variant must have run what it names.
+        build = r.get("build_info") or {}
+        for env_key, field, value_of in (
+            ("GLMSERVE_FP8_GATHER", "fp8_gather", {"1": "on", "0": "off"}.get),
+            ("GLMSERVE_FP8_ATTENTION", "fp8_attention", lambda x: x),
+        ):
+            want = value_of(v.env[env_key]) if env_key in v.env else None
+            got = build.get(field)
+            if want and got and want != got:
+                asked.append(
+                    f"{v.name} asked for {env_key}={v.env[env_key]}, the launcher recorded "
+                    f"{field}={got} (see logs/{v.name}.log)"
+                )
+    per_variant(
+        "as asked", asked, "every server runs the KV dtype and patch path its variant names"
+    )
 
     cached = []
     for v in variants:
