@@ -69,3 +69,25 @@ def _snapshot(site: Path) -> dict[str, str]:
 def snapshot() -> Callable[[Path], dict[str, str]]:
     """site -> sha256 of every file under it (bytecode excluded): "nothing changed" == equal."""
     return _snapshot
+
+
+@pytest.fixture(scope="session")
+def wheel_tree(
+    tmp_path_factory: pytest.TempPathFactory, require: Callable[[bool, str], None]
+) -> Callable[..., Path]:
+    """(package, version, prefix) -> a directory holding that wheel's files under `prefix`
+    (e.g. a newer SGLang's backend, or FlashInfer's mla package), downloaded once."""
+    cache: dict[tuple[str, str, str], Path] = {}
+
+    def get(package: str, version: str, prefix: str) -> Path:
+        key = (package, version, prefix)
+        if key not in cache:
+            try:
+                wheel = fetch_wheel(version, default_cache_dir(), package=package)
+            except PatchError as exc:
+                require(False, f"cannot get the {package} {version} wheel: {exc}")
+            dest = tmp_path_factory.mktemp(f"{package}-{version}")
+            cache[key] = extract_site(wheel, dest, prefixes=[prefix])
+        return cache[key]
+
+    return get

@@ -177,7 +177,11 @@ def test_backend_state_counts_rows_and_shares_one_shadow(kernel, monkeypatch):
     first = state.cast(pool, idx, torch.bfloat16)
     second = state.cast(fp8_pool(16, 6), idx, torch.bfloat16)
     assert first.data_ptr() == second.data_ptr()  # one buffer for every layer
-    # A pool that is not e4m3 (or no planned indices) takes the upstream cast.
-    bf16_pool = pool.to(torch.bfloat16)
-    assert torch.equal(state.cast(bf16_pool, idx, torch.bfloat16), bf16_pool)
-    assert torch.equal(state.cast(pool, None, torch.bfloat16), pool.to(torch.bfloat16))
+    # A pool that is not e4m3, or no planned indices, takes the upstream cast: EVERY row is
+    # converted (not only the indexed ones) into a fresh tensor, never into the shared shadow.
+    first.fill_(float("nan"))
+    fp16_pool = pool.to(torch.float16)  # exact: every e4m3 value is an fp16 value
+    want = pool.to(torch.bfloat16).view(torch.int16)
+    for got in (state.cast(fp16_pool, idx, torch.bfloat16), state.cast(pool, None, torch.bfloat16)):
+        assert got.data_ptr() != first.data_ptr()
+        assert torch.equal(got.view(torch.int16), want)

@@ -22,33 +22,41 @@ def default_cache_dir() -> Path:
     return Path(__file__).resolve().parents[3] / ".cache" / "wheels"
 
 
-def find_wheel(version: str, cache_dir: Path) -> Path | None:
+def find_wheel(version: str, cache_dir: Path, package: str = "sglang") -> Path | None:
     # Any tag will do: the files we need are pure Python (only a gRPC .so differs per tag).
-    hits = sorted(cache_dir.glob(f"sglang-{version}-*.whl"))
+    stem = package.replace("-", "_")
+    hits = sorted(cache_dir.glob(f"{stem}-{version}-*.whl"))
     return hits[0] if hits else None
 
 
-def fetch_wheel(version: str, cache_dir: Path | None = None, *, download: bool = True) -> Path:
-    """Path of the sglang==version wheel in the cache, downloading it with pip if missing."""
+def fetch_wheel(
+    version: str,
+    cache_dir: Path | None = None,
+    *,
+    download: bool = True,
+    package: str = "sglang",
+) -> Path:
+    """Path of the package==version wheel in the cache (SGLang unless told otherwise, e.g.
+    flashinfer-python for the wrapper check), downloading it with pip if missing."""
     cache_dir = cache_dir or default_cache_dir()
-    found = find_wheel(version, cache_dir)
+    found = find_wheel(version, cache_dir, package)
     if found or not download:
         if found is None:
-            raise PatchError(f"no sglang {version} wheel in {cache_dir} (downloads disabled)")
+            raise PatchError(f"no {package} {version} wheel in {cache_dir} (downloads disabled)")
         return found
     cache_dir.mkdir(parents=True, exist_ok=True)
     # Download into a private directory and rename into place: a concurrent test run never
     # sees a half-written wheel under the cached name.
     with tempfile.TemporaryDirectory(dir=cache_dir, prefix=".download-") as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps"]
-        cmd += ["--disable-pip-version-check", "--dest", tmp, f"sglang=={version}"]
+        cmd += ["--disable-pip-version-check", "--dest", tmp, f"{package}=={version}"]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        got = find_wheel(version, Path(tmp))
+        got = find_wheel(version, Path(tmp), package)
         if proc.returncode != 0 or got is None:
             tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            raise PatchError(f"pip download sglang=={version} failed: {tail}")
+            raise PatchError(f"pip download {package}=={version} failed: {tail}")
         os.replace(got, cache_dir / got.name)
-    found = find_wheel(version, cache_dir)
+    found = find_wheel(version, cache_dir, package)
     assert found is not None
     return found
 
@@ -58,12 +66,16 @@ def wheel_members(wheel: Path) -> set[str]:
         return set(zf.namelist())
 
 
-def extract_site(wheel: Path, dest: Path, members: Iterable[str] = ()) -> Path:
-    """Extract `members` (paths relative to site-packages), the dist-info METADATA and the
-    version modules from `wheel` into `dest`, which then looks like a minimal site-packages."""
+def extract_site(
+    wheel: Path, dest: Path, members: Iterable[str] = (), *, prefixes: Iterable[str] = ()
+) -> Path:
+    """Extract `members` (paths relative to site-packages), every member under one of
+    `prefixes`, the dist-info METADATA and the version modules from `wheel` into `dest`, which
+    then looks like a minimal site-packages."""
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         wanted = set(members) | {m for m in BASE_MEMBERS if m in names}
+        wanted |= {n for n in names for p in prefixes if n.startswith(p) and not n.endswith("/")}
         wanted |= {n for n in names if n.endswith(".dist-info/METADATA") and n.count("/") == 1}
         missing = sorted(set(members) - names)
         if missing:

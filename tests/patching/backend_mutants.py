@@ -1,0 +1,310 @@
+"""Hand-made wrong (and right) variants of the patched 0.5.12.post1 backend, for the rule tests.
+
+Each mutant is (old, new) applied to the real patched `flashinfer_mla_backend.py`; `old` must
+occur exactly once, so a change of the series that makes a mutant stale fails loudly instead of
+silently testing nothing. WRONG mutants must be refused by the named rule with the message
+fragment; RIGHT variants are other correct wirings the rules must accept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EXTEND_GATHER = """\
+            k_buf = self._mla_kv_for_wrapper(
+                forward_batch, layer, q.dtype, prefill_wrapper_paged
+            )
+"""
+DECODE_GATHER = """\
+        k_buffer = self._mla_kv_for_wrapper(
+            forward_batch, layer, q.dtype, decode_wrapper
+        )
+"""
+DECODE_RUN_KV = """\
+            k_buffer[:, :, : layer.v_head_dim],
+            k_buffer[:, :, layer.v_head_dim :],
+"""
+GUARD = """\
+        if self.fp8_gather is None:
+            return pool.to(dtype)
+"""
+GATHER_RETURN = "        return self.fp8_gather.cast(pool, kv_indices, dtype)\n"
+DECODE_NOTE = """\
+        if self.attn_backend.fp8_gather is not None:
+            self.attn_backend.fp8_gather.note_rows(
+                kv_indptr,
+                fast_decode_kwargs["kv_indptr_cpu"] if init_metadata_replay else None,
+            )
+"""
+DECODE_REPLAY_PLAN = """\
+            wrapper.plan(
+                fast_decode_kwargs["qo_indptr_cpu"],
+"""
+DECODE_INDPTR = """\
+            kv_indptr[1 : bs + 1] = torch.cumsum(paged_kernel_lens, dim=0)
+            kv_indptr = kv_indptr[: bs + 1]
+            kv_indices = (
+"""
+PREFILL_NOTE = """\
+            if self.attn_backend.fp8_gather is not None:
+                self.attn_backend.fp8_gather.note_rows(kv_indptr)
+"""
+PREFILL_PLAN_TAIL = """\
+                True,
+                sm_scale,
+                self.q_data_type,
+                self.data_type,
+            )
+"""
+CAPTURE_FAST_PLAN = (
+    "            decode_wrapper.plan = partial(fast_mla_decode_plan, decode_wrapper)\n"
+)
+PLAN_ARGS = (
+    "self.cuda_graph_qo_indptr_cpu, self.cuda_graph_kv_indptr_cpu, self.cuda_graph_kv_indices, "
+    "self.cuda_graph_kv_lens, 16, 512, 64, 1, False, 1.0, torch.bfloat16, torch.bfloat16"
+)
+FIRST_CLASS = "class FlashInferMhaChunkKVRunner:\n"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    edits: tuple[tuple[str, str], ...]
+    rule: str | None = None  # None: a correct variant, accepted
+    needle: str = ""
+
+
+def one(name: str, old: str, new: str, rule: str | None = None, needle: str = "") -> Mutant:
+    return Mutant(name, ((old, new),), rule, needle)
+
+
+WRONG = [
+    one(
+        "extend gathers with the decode wrapper's indices",
+        EXTEND_GATHER,
+        EXTEND_GATHER.replace("prefill_wrapper_paged", "self.decode_wrapper"),
+        "kv-source",
+        "reads KV gathered at self.decode_wrapper._kv_indices_buf, not at the index buffer of the wrapper it runs (self.forward_metadata.prefill_wrapper)",
+    ),
+    one(
+        "decode gathers with the eager wrapper, runs the step's (CUDA-graph) wrapper",
+        DECODE_GATHER,
+        DECODE_GATHER.replace("q.dtype, decode_wrapper", "q.dtype, self.decode_wrapper"),
+        "kv-source",
+        "reads KV gathered at self.decode_wrapper._kv_indices_buf, not at the index buffer of the wrapper it runs (self.forward_metadata.decode_wrapper)",
+    ),
+    one(
+        "note_rows fed the persistent indptr buffer instead of this step's",
+        DECODE_NOTE,
+        DECODE_NOTE.replace("                kv_indptr,\n", "                self.kv_indptr,\n"),
+        "plan-rows",
+        "with kv_indptr kv_indptr[:len(req_pool_indices) + 1], but its row count is not noted",
+    ),
+    one(
+        "the replay path loses the host indptr",
+        DECODE_NOTE,
+        DECODE_NOTE.replace(
+            'fast_decode_kwargs["kv_indptr_cpu"] if init_metadata_replay else None', "None"
+        ),
+        "plan-rows",
+        "with kv_indptr fast_decode_kwargs['kv_indptr_cpu'], but its row count is not noted",
+    ),
+    one(
+        "the GLMSERVE_FP8_GATHER guard inverted",
+        GUARD,
+        GUARD.replace("is None", "is not None"),
+        "switch-polarity",
+        "calls cast() on a switch object although GLMSERVE_FP8_GATHER=0",
+    ),
+    one(
+        "the guard inverted also casts with the gather on",
+        GUARD,
+        GUARD.replace("is None", "is not None"),
+        "no-full-cast",
+        "casts the KV pool",
+    ),
+    one(
+        "run() fed a fresh sliced get_key_buffer(...)[...].to(...), the gather's result unused",
+        DECODE_RUN_KV,
+        "            forward_batch.token_to_kv_pool.get_key_buffer(layer.layer_id)"
+        "[:, :, : layer.v_head_dim].to(q.dtype),\n"
+        "            forward_batch.token_to_kv_pool.get_key_buffer(layer.layer_id)"
+        "[:, :, layer.v_head_dim :].to(q.dtype),\n",
+        "kv-source",
+        "decode_wrapper.run() reads a full-pool cast instead of the gather's output",
+    ),
+    one(
+        "a sliced full-pool cast computed on the decode path",
+        DECODE_GATHER,
+        DECODE_GATHER
+        + "        spare = forward_batch.token_to_kv_pool.get_key_buffer(layer.layer_id)"
+        "[:, :, :512].to(q.dtype)\n",
+        "no-full-cast",
+        "forward_decode casts the KV pool",
+    ),
+    one(
+        "note_rows in a dead branch",
+        PREFILL_NOTE,
+        PREFILL_NOTE.replace("if self.attn_backend.fp8_gather is not None:", "if False:"),
+        "plan-rows",
+        "wrapper_paged.plan() plans with kv_indptr kv_indptr[:len(seq_lens) + 1], but its row count",
+    ),
+    one(
+        "note_rows under the inverted switch (dead with the gather on)",
+        PREFILL_NOTE,
+        PREFILL_NOTE.replace("is not None", "is None"),
+        "plan-rows",
+        "wrapper_paged.plan() plans with kv_indptr",
+    ),
+    Mutant(
+        "the target-verify / draft-extend path (spec_info) loses its row count",
+        (
+            (PREFILL_NOTE, ""),
+            (
+                "            custom_mask = None\n",
+                "            custom_mask = None\n" + PREFILL_NOTE,
+            ),
+        ),
+        "plan-rows",
+        "plans with kv_indptr spec_info.generate_attn_arg_prefill(",
+    ),
+    one(
+        "note_rows after the plan: too late for the replayed graph",
+        PREFILL_NOTE + "            kv_len_arr",
+        "            kv_len_arr",
+        "plan-rows",
+        "wrapper_paged.plan() plans with kv_indptr",
+    ),
+    Mutant(
+        "the count noted before the indptr is written (a stale row count)",
+        (
+            (DECODE_NOTE, ""),
+            (
+                DECODE_INDPTR,
+                "            if self.attn_backend.fp8_gather is not None:\n"
+                "                self.attn_backend.fp8_gather.note_rows(kv_indptr[: bs + 1])\n"
+                + DECODE_INDPTR,
+            ),
+        ),
+        "plan-rows",
+        "it was written after its row count was noted",
+    ),
+    one(
+        "a plan through an alias, with no row count before it",
+        CAPTURE_FAST_PLAN,
+        CAPTURE_FAST_PLAN
+        + f"            replan = decode_wrapper.plan\n            replan({PLAN_ARGS})\n",
+        "plan-rows",
+        "init_forward_metadata_capture_cuda_graph: replan() plans",
+    ),
+    one(
+        "a plan through getattr(wrapper, 'plan'), with no row count before it",
+        CAPTURE_FAST_PLAN,
+        CAPTURE_FAST_PLAN + f'            getattr(decode_wrapper, "plan")({PLAN_ARGS})\n',
+        "plan-rows",
+        "init_forward_metadata_capture_cuda_graph: getattr(decode_wrapper, 'plan')() plans",
+    ),
+    one(
+        "a plain-function plan (fast_mla_decode_plan(wrapper, ...)) with no row count",
+        CAPTURE_FAST_PLAN,
+        CAPTURE_FAST_PLAN + f"            fast_mla_decode_plan(decode_wrapper, {PLAN_ARGS})\n",
+        "plan-rows",
+        "with kv_indptr self.cuda_graph_kv_indptr_cpu",
+    ),
+    Mutant(
+        "a plain-function replay plan whose host indptr is not counted",
+        (
+            (
+                DECODE_REPLAY_PLAN,
+                DECODE_REPLAY_PLAN.replace(
+                    "wrapper.plan(\n", "fast_mla_decode_plan(\n                wrapper,\n"
+                ),
+            ),
+            ('fast_decode_kwargs["kv_indptr_cpu"] if init_metadata_replay else None', "None"),
+        ),
+        "plan-rows",
+        "with kv_indptr fast_decode_kwargs['kv_indptr_cpu'], but its row count is not noted",
+    ),
+    one(
+        "a cast in a module-level helper the extend path calls",
+        EXTEND_GATHER,
+        "            k_buf = _upstream_kv(forward_batch, layer, q.dtype)\n",
+        "no-full-cast",
+        "forward_extend (via _upstream_kv) casts the KV pool",
+    ),
+    one(
+        "the gather converts another pool than upstream does",
+        GATHER_RETURN,
+        GATHER_RETURN.replace(
+            "cast(pool,", "cast(forward_batch.token_to_kv_pool.get_key_buffer(0),"
+        ),
+        "kv-source",
+        "but upstream converts forward_batch.token_to_kv_pool.get_key_buffer(layer.layer_id)",
+    ),
+    one(
+        "the switch read from the environment with the wrong polarity",
+        GUARD,
+        GUARD.replace(
+            "if self.fp8_gather is None:",
+            'if os.environ.get("GLMSERVE_FP8_GATHER", "1").strip() != "0":',
+        ),
+        "switch-polarity",
+        "calls cast() on a switch object although GLMSERVE_FP8_GATHER=0",
+    ),
+    one(
+        "the gather reads indices that are not a wrapper's buffer",
+        GATHER_RETURN,
+        GATHER_RETURN.replace("kv_indices,", "self.kv_indptr,"),
+        "kv-source",
+        "reads KV gathered at self.kv_indptr, not at the index buffer",
+    ),
+]
+HELPER = FIRST_CLASS.replace(
+    "class",
+    "def _upstream_kv(fb, layer, dtype):\n    return fb.token_to_kv_pool.get_key_buffer(layer.layer_id).to(dtype)\n\n\nclass",
+)
+WRONG = [
+    Mutant(m.name, (*m.edits, (FIRST_CLASS, HELPER)), m.rule, m.needle)
+    if "module-level helper" in m.name
+    else m
+    for m in WRONG
+]
+
+RIGHT = [
+    one(
+        "the replay plan as a plain function, its host indptr counted",
+        DECODE_REPLAY_PLAN,
+        DECODE_REPLAY_PLAN.replace(
+            "wrapper.plan(\n", "fast_mla_decode_plan(\n                wrapper,\n"
+        ),
+    ),
+    one(
+        "the guard as truthiness",
+        GUARD,
+        GUARD.replace("if self.fp8_gather is None:", "if not self.fp8_gather:"),
+    ),
+    one(
+        "the switch read from the environment",
+        GUARD,
+        GUARD.replace(
+            "if self.fp8_gather is None:",
+            'if os.environ.get("GLMSERVE_FP8_GATHER", "1").strip().lower() in ("0", "false"):',
+        ),
+    ),
+    one(
+        "an aliased plan with its row count",
+        PREFILL_PLAN_TAIL,
+        PREFILL_PLAN_TAIL
+        + "            again = wrapper_paged.plan\n            if self.attn_backend.fp8_gather:\n                self.attn_backend.fp8_gather.note_rows(kv_indptr)\n"
+        "            again(qo_indptr, kv_indptr, kv_indices, kv_len_arr, 16, 512, 64, 1, True, sm_scale, self.q_data_type, self.data_type)\n",
+    ),
+]
+
+
+def mutate(source: str, mutant: Mutant) -> str:
+    for old, new in mutant.edits:
+        count = source.count(old)
+        if count != 1:
+            raise AssertionError(f"mutant {mutant.name!r}: {old[:60]!r} occurs {count} times")
+        source = source.replace(old, new)
+    return source
