@@ -2,6 +2,8 @@
 # THE device command (one call on the lent H200, run from the repository root):
 #
 #   bash bench/device_run.sh [kernel] [ARGS]    GPU tests, self-test, bench/gather_cast.py ARGS
+#   bash bench/device_run.sh correctness        the kernel job without the benchmark: self-test
+#                                               (kernel + patched class) and tests/gpu, minutes
 #   bash bench/device_run.sh e2e [ARGS]         real SGLang servers: bench/e2e/harness.py ARGS
 #   bash bench/device_run.sh native [ARGS]      real SGLang servers: bench/e2e/native.py ARGS
 #   bash bench/device_run.sh fp8-decode [ARGS]  kernels side by side: bench/fp8_decode.py ARGS
@@ -25,7 +27,7 @@
 set -uo pipefail
 : "${OUT:?OUT must name the folder that comes back}"
 job=kernel
-case "${1:-}" in kernel | e2e | native | fp8-decode | smoke) job=$1; shift ;; esac
+case "${1:-}" in kernel | correctness | e2e | native | fp8-decode | smoke) job=$1; shift ;; esac
 BUNDLE=${BUNDLE:-.bundle/sglang-0.5.12.post1.tar.xz}
 JIT_IN=${JIT_CACHE:-.bundle/jit-cache.tar.xz}
 WORK=${DEVICE_WORK:-/tmp/glmserve-device}
@@ -78,7 +80,7 @@ PY
 
 rc=0
 case $job in
-kernel)
+kernel | correctness)
   KERNEL=$SITE/sglang/srt/layers/attention/fp8_kv_gather.py
   if [ -n "${KERNEL_VARIANTS:-}" ]; then
     step "kernel variants"
@@ -92,8 +94,10 @@ kernel)
   step "GPU tests"
   gpu python3 -m pytest -v -s -rA -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/gpu-tests.log" \
     | grep -E "PASSED|FAILED|ERROR|SKIPPED|^\[|passed|failed|^dry-run" | tee -a "$log"
-  step "benchmark"
-  gpu python3 bench/gather_cast.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | tail -45
+  if [ "$job" = kernel ]; then
+    step "benchmark"
+    gpu python3 bench/gather_cast.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | tail -45
+  fi
   ;;
 e2e | native | fp8-decode | smoke)
   # One Python script under a hard stop well inside the tool's 600 s: the scripts turn SIGTERM

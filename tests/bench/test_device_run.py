@@ -102,6 +102,17 @@ def test_kernel_job_applies_the_series_and_runs_each_gpu_step(tmp_path, bundle):
         assert ".triton/kernel.bin" in tar.getnames()
 
 
+def test_correctness_job_is_the_kernel_job_without_the_benchmark(tmp_path, bundle):
+    proc = device_run(tmp_path, bundle, "correctness")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "job correctness" in (tmp_path / "out" / "device.log").read_text()
+    dry = [line.split()[1:4] for line in proc.stdout.splitlines() if line.startswith("dry-run: ")]
+    assert dry[1:] == [
+        ["python3", "-m", "glmserve.patching.selftest"],
+        ["python3", "-m", "pytest"],
+    ]
+
+
 def test_e2e_job_stops_servers_left_by_a_killed_call_then_runs_the_harness(tmp_path, bundle):
     leftover = subprocess.Popen(["sleep", "300"], start_new_session=True)
     try:

@@ -4,8 +4,7 @@
     and replayed with other slots and counts;
 (b) FlashInfer's fa2 MLA attention (the SM120 kernel family) fed by the patched path vs the
     upstream full cast: ``torch.equal``, plus relative error against an fp64 reference;
-(c) the patched SGLang ``FlashInferMLAAttnBackend`` itself, eager and CUDA-graph decode and the
-    paged extend path, against the same class with ``GLMSERVE_FP8_GATHER=0``.
+(c) the patched SGLang ``FlashInferMLAAttnBackend`` itself: test_classcheck_gpu.py.
 
 Needs the patched SGLang tree (with FlashInfer) on sys.path, e.g. the overlay from
 bench/bundle.sh after ``patches/apply.py``.
@@ -14,7 +13,6 @@ bench/bundle.sh after ``patches/apply.py``.
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 
@@ -205,147 +203,4 @@ def test_b_selftest_passes_and_catches_off_by_one(tmp_path, kernel):
 
 
 # ---------------------------------------------------------------------------------------- (c)
-
-
-@pytest.fixture(scope="module")
-def backend_module(flashinfer):
-    fmb = pytest.importorskip("sglang.srt.layers.attention.flashinfer_mla_backend")
-    if not hasattr(fmb.FlashInferMLAAttnBackend, "_mla_kv_for_wrapper"):
-        pytest.fail("the imported SGLang backend is not patched")
-    return fmb
-
-
-def make_backend(fmb, monkeypatch, enabled: bool, req_to_token, max_ctx):
-    monkeypatch.setenv("GLMSERVE_FP8_GATHER", "1" if enabled else "0")
-    monkeypatch.setattr(fmb, "get_attention_tp_size", lambda: 1)
-    args = SimpleNamespace(
-        disaggregation_mode="null", disable_chunked_prefix_cache=True,
-        flashinfer_mla_disable_ragged=True, page_size=1,
-    )  # fmt: skip
-    monkeypatch.setattr(fmb, "get_global_server_args", lambda: args)
-    base = fmb.BatchMLAPagedAttentionWrapper
-
-    class Fa2Wrapper(base):  # the SM120 family; "auto" would pick fa3 on the H200
-        def __init__(self, *a, **kw):
-            kw["backend"] = "fa2"
-            super().__init__(*a, **kw)
-
-    monkeypatch.setattr(fmb, "BatchMLAPagedAttentionWrapper", Fa2Wrapper)
-    runner = SimpleNamespace(
-        model_config=SimpleNamespace(
-            context_len=max_ctx, num_attention_heads=HEADS, kv_lora_rank=CKV,
-            qk_nope_head_dim=192, qk_rope_head_dim=KPE, v_head_dim=CKV, scaling=SM_SCALE,
-        ),
-        device=DEV, page_size=1, dtype=torch.bfloat16, server_args=args,
-        req_to_token_pool=SimpleNamespace(size=req_to_token.shape[0], req_to_token=req_to_token),
-    )  # fmt: skip
-    return fmb.FlashInferMLAAttnBackend(runner)
-
-
-def test_c_sglang_backend_decode_extend_and_graph(backend_module, monkeypatch):
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
-    fmb = backend_module
-    p, max_reqs, max_ctx, n_layers, bs = 200_003, 16, 4096, 3, 4
-    pools = [fp8_pool(p, 40 + i) for i in range(n_layers)]
-    kv_pool = SimpleNamespace(get_key_buffer=lambda i: pools[i])
-    layers = [
-        SimpleNamespace(layer_id=i, tp_q_head_num=HEADS, head_dim=D, v_head_dim=CKV, logit_cap=0.0)
-        for i in range(n_layers)
-    ]
-    gen = torch.Generator(device=DEV).manual_seed(5)
-    req_to_token = torch.randint(
-        0, p, (max_reqs, max_ctx), dtype=torch.int32, device=DEV, generator=gen
-    )
-    req_to_token[1, :300] = req_to_token[0, :300]  # radix-shared prefix: duplicate slots
-    req_to_token[2, 7] = p - 1
-    patched = make_backend(fmb, monkeypatch, True, req_to_token, max_ctx)
-    upstream = make_backend(fmb, monkeypatch, False, req_to_token, max_ctx)
-    assert patched.fp8_gather is not None and upstream.fp8_gather is None
-
-    def decode_batch(seq_lens_list):
-        seq_lens = torch.tensor(seq_lens_list, dtype=torch.int32, device=DEV)
-        return SimpleNamespace(
-            forward_mode=ForwardMode.DECODE, req_pool_indices=torch.arange(bs, device=DEV),
-            seq_lens=seq_lens, seq_lens_cpu=seq_lens.cpu(), seq_lens_sum=int(sum(seq_lens_list)),
-            token_to_kv_pool=kv_pool, out_cache_loc=None, spec_info=None,
-        )  # fmt: skip
-
-    qs = [torch.randn(bs, HEADS * D, device=DEV, generator=gen).bfloat16() for _ in layers]
-
-    def decode(backend, fb):
-        backend.init_forward_metadata(fb)
-        return [
-            backend.forward_decode(q, None, None, lay, fb, save_kv_cache=False)
-            for q, lay in zip(qs, layers, strict=True)
-        ]
-
-    # Eager decode.
-    fb = decode_batch([512, 300, 4096, 1])
-    for a, b in zip(decode(patched, fb), decode(upstream, fb), strict=True):
-        assert torch.equal(a, b)
-
-    # Paged extend (prefix present -> MLA paged prefill wrapper, causal).
-    ext_q = [2, 5, 1, 3]
-    prefix = [100, 300, 2000, 0]
-    seq = [a + b for a, b in zip(ext_q, prefix, strict=True)]
-    qe = [torch.randn(sum(ext_q), HEADS * D, device=DEV, generator=gen).bfloat16() for _ in layers]
-    seq_t = torch.tensor(seq, dtype=torch.int32, device=DEV)
-    ext = SimpleNamespace(
-        forward_mode=ForwardMode.EXTEND, req_pool_indices=torch.arange(bs, device=DEV),
-        seq_lens=seq_t, seq_lens_sum=sum(seq), seq_lens_cpu=seq_t.cpu(),
-        extend_prefix_lens=torch.tensor(prefix, dtype=torch.int32, device=DEV),
-        extend_prefix_lens_cpu=prefix, attn_attend_prefix_cache=None,
-        token_to_kv_pool=kv_pool, out_cache_loc=None, spec_info=None,
-    )  # fmt: skip
-    outs = []
-    for backend in (patched, upstream):
-        backend.init_forward_metadata(ext)
-        outs.append(
-            [
-                backend.forward_extend(q, None, None, lay, ext, save_kv_cache=False)
-                for q, lay in zip(qe, layers, strict=True)
-            ]
-        )
-    for a, b in zip(*outs, strict=True):
-        assert torch.isfinite(b).all()
-        assert torch.equal(a, b)
-
-    # CUDA graph: capture each backend once, replay with other lengths (fast plan path).
-    graphs = {}
-    for name, backend in (("patched", patched), ("upstream", upstream)):
-        backend.init_cuda_graph_state(bs, bs)
-        cap = decode_batch([64, 64, 64, 64])
-        backend.init_forward_metadata_capture_cuda_graph(
-            bs, bs, cap.req_pool_indices, cap.seq_lens, None, ForwardMode.DECODE, None
-        )
-        [
-            backend.forward_decode(q, None, None, lay, cap, save_kv_cache=False)
-            for q, lay in zip(qs, layers, strict=True)
-        ]
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            outs_g = [
-                backend.forward_decode(q, None, None, lay, cap, save_kv_cache=False)
-                for q, lay in zip(qs, layers, strict=True)
-            ]
-        graphs[name] = (backend, graph, outs_g)
-    for lens in ([1, 4096, 300, 77], [4096] * 4, [1, 1, 1, 1]):
-        fb = decode_batch(lens)
-        results = {}
-        for name, (backend, graph, outs_g) in graphs.items():
-            backend.init_forward_metadata_replay_cuda_graph(
-                bs, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_sum, None,
-                ForwardMode.DECODE, None, fb.seq_lens_cpu,
-            )  # fmt: skip
-            for o in outs_g:
-                o.fill_(float("nan"))
-            graph.replay()
-            torch.cuda.synchronize()
-            results[name] = [o.clone() for o in outs_g]
-        for a, b in zip(results["patched"], results["upstream"], strict=True):
-            assert torch.isfinite(b).all()
-            assert torch.equal(a, b), f"graph replay with lens {lens} differs"
-    print("\n[c] FlashInferMLAAttnBackend (fa2): eager decode, paged extend and CUDA-graph decode "
-          "replays bit-identical to GLMSERVE_FP8_GATHER=0")  # fmt: skip
+# The patched FlashInferMLAAttnBackend itself: tests/gpu/test_classcheck_gpu.py.

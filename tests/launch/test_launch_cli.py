@@ -23,6 +23,7 @@ from support.launch import (
 )
 
 from glmserve import buildinfo
+from glmserve.launch.inventory import Gpu
 
 RTX_PROFILE = "glm5-nvfp4-rtxpro6000-tp8"
 B200_PROFILE = "glm5-nvfp4-b200-tp8"
@@ -473,6 +474,31 @@ def test_build_info_records_the_upstream_path_when_gather_is_off(launch, base_en
     outcome = launch(["--profile", "tiny-mla"], env={"GLMSERVE_FP8_GATHER": "0"}, gpus=[H200])
     assert outcome.code == 0, outcome.err
     assert buildinfo.read_build_info(base_env["GLMSERVE_BUILD_INFO"])["fp8_gather"] == "off"
+
+
+def test_a_gpu_without_hardware_e4m3_serves_the_upstream_cast_and_says_so(launch, base_env):
+    """The patched SGLang turns the gather off by itself below compute capability 8.9; the
+    launcher says so in one line and records what runs, and the self-test (which skips there)
+    does not stop the start."""
+    a100 = Gpu(index=0, name="NVIDIA A100-SXM4-80GB", capability=(8, 0))
+    outcome = launch(
+        ["--profile", "tiny-mla", "--allow-any-arch"],
+        gpus=[a100],
+        selftest=("skipped", "compute capability 8.0 has no hardware FP8 e4m3 convert"),
+    )
+    assert outcome.code == 0, outcome.err
+    [line] = [x for x in outcome.err.splitlines() if "FP8 KV gather off" in x]
+    assert line == (
+        "glmserve.launch: FP8 KV gather off on GPU 0 (NVIDIA A100-SXM4-80GB): compute capability "
+        "8.0 has no hardware FP8 e4m3 convert (needs 8.9): the patched SGLang turns the gather "
+        "off and runs the upstream full-pool cast"
+    )
+    assert buildinfo.read_build_info(base_env["GLMSERVE_BUILD_INFO"])["fp8_gather"] == "off"
+    assert len(outcome.rec.execs) == 1
+    ada = Gpu(index=0, name="NVIDIA L40S", capability=(8, 9))
+    outcome = launch(["--profile", "tiny-mla", "--allow-any-arch"], gpus=[ada])
+    assert "FP8 KV gather off" not in outcome.err
+    assert buildinfo.read_build_info(base_env["GLMSERVE_BUILD_INFO"])["fp8_gather"] == "on"
 
 
 def test_failed_selftest_refuses_to_serve(launch, base_env):

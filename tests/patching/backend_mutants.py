@@ -64,6 +64,27 @@ PLAN_ARGS = (
     "self.cuda_graph_kv_lens, 16, 512, 64, 1, False, 1.0, torch.bfloat16, torch.bfloat16"
 )
 FIRST_CLASS = "class FlashInferMhaChunkKVRunner:\n"
+# The native FP8 decode wiring (issue 10's series).
+NATIVE_INDICES = (
+    "        planned = self.fp8_native.planned(wrapper)\n"
+    '        kv_indices = getattr(wrapper, "_kv_indices_buf", None)\n'
+)
+NATIVE_INDPTR = "        kv_indptr, sm_scale = planned\n"
+NATIVE_GUARD = "        if self.fp8_native is None or q_nope.dtype != torch.bfloat16:\n"
+NATIVE_POOL = "                forward_batch.token_to_kv_pool.get_key_buffer(layer.layer_id),\n"
+NATIVE_RECORD = """\
+        if self.attn_backend.fp8_native is not None:
+            # The native kernel reads what this plan covers: this step's kv_indptr (a view
+            # of the persistent buffer, rewritten before every graph replay) and the
+            # wrapper's kv_indices; speculative batches keep the gather path.
+            self.attn_backend.fp8_native.note_plan(
+                wrapper, kv_indptr if spec_info is None else None, sm_scale
+            )
+"""
+HOST_ON_REPLAY = (
+    'wrapper, (fast_decode_kwargs["kv_indptr_cpu"] if init_metadata_replay else kv_indptr) '
+    "if spec_info is None else None"
+)
 
 
 @dataclass(frozen=True)
@@ -259,6 +280,90 @@ WRONG = [
         "reads KV gathered at self.kv_indptr, not at the index buffer",
     ),
 ]
+NATIVE_WRONG = [
+    one(
+        "native decode reads the eager wrapper's indices (stale under CUDA graphs)",
+        NATIVE_INDICES,
+        NATIVE_INDICES.replace("getattr(wrapper,", "getattr(self.decode_wrapper,"),
+        "native-decode",
+        "the native kernel's kv_indices is self.decode_wrapper._kv_indices_buf, not the index "
+        "buffer of the wrapper whose plan gave its kv_indptr",
+    ),
+    one(
+        "native decode reads the persistent indptr buffer instead of the planned one",
+        NATIVE_INDPTR,
+        "        _, sm_scale = planned\n        kv_indptr = self.kv_indptr\n",
+        "native-decode",
+        "the native kernel's kv_indptr is self.kv_indptr, not the kv_indptr recorded",
+    ),
+    one(
+        "native decode reads the wrapper's own indptr (never refreshed by the fast replay plan)",
+        NATIVE_INDPTR,
+        "        _, sm_scale = planned\n        kv_indptr = wrapper._kv_indptr_buf\n",
+        "native-decode",
+        "the native kernel's kv_indptr is self.forward_metadata.decode_wrapper._kv_indptr_buf",
+    ),
+    one(
+        "the plan recorded for native decode is the persistent buffer",
+        NATIVE_RECORD,
+        NATIVE_RECORD.replace("wrapper, kv_indptr if", "wrapper, self.kv_indptr if"),
+        "native-decode",
+        "records kv_indptr self.kv_indptr for native decode, not the device indptr",
+    ),
+    one(
+        "the plan recorded for native decode is the host indptr on replay",
+        NATIVE_RECORD,
+        NATIVE_RECORD.replace("wrapper, kv_indptr if spec_info is None else None", HOST_ON_REPLAY),
+        "native-decode",
+        "records kv_indptr fast_decode_kwargs['kv_indptr_cpu'] for native decode",
+    ),
+    one(
+        "the replay plan is never recorded for native decode",
+        NATIVE_RECORD,
+        "        if not init_metadata_replay:\n"
+        + "".join("    " + line + "\n" for line in NATIVE_RECORD.splitlines()),
+        "native-decode",
+        "plans a wrapper that is not recorded for native decode (note_plan) after it",
+    ),
+    one(
+        "no plan is ever recorded for native decode",
+        NATIVE_RECORD,
+        "",
+        "native-decode",
+        "no plan is ever recorded for native decode",
+    ),
+    one(
+        "the native kernel reads another layer's pool",
+        NATIVE_POOL,
+        NATIVE_POOL.replace("get_key_buffer(layer.layer_id)", "get_key_buffer(0)"),
+        "native-decode",
+        "the native kernel reads forward_batch.token_to_kv_pool.get_key_buffer(0), but upstream",
+    ),
+    one(
+        "the native kernel fed a 16-bit cast of the pool",
+        NATIVE_POOL,
+        NATIVE_POOL.replace(
+            "get_key_buffer(layer.layer_id)", "get_key_buffer(layer.layer_id).to(q.dtype)"
+        ),
+        "no-full-cast",
+        "forward_decode casts the KV pool",
+    ),
+    one(
+        "the native guard inverted: native never runs with the mode on",
+        NATIVE_GUARD,
+        NATIVE_GUARD.replace("is None", "is not None"),
+        "native-decode",
+        "no forward path reaches its kernel with GLMSERVE_FP8_ATTENTION=native",
+    ),
+    one(
+        "the native guard inverted also calls planned() on None in gather mode",
+        NATIVE_GUARD,
+        NATIVE_GUARD.replace("is None", "is not None"),
+        "switch-polarity",
+        "calls planned() on a switch object although GLMSERVE_FP8_ATTENTION=gather",
+    ),
+]
+WRONG += NATIVE_WRONG
 HELPER = FIRST_CLASS.replace(
     "class",
     "def _upstream_kv(fb, layer, dtype):\n    return fb.token_to_kv_pool.get_key_buffer(layer.layer_id).to(dtype)\n\n\nclass",

@@ -11,6 +11,7 @@ import os
 # Must be set before Triton is imported anywhere in this process: it selects the interpreter.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from glmserve.patching.selftest import load_kernel_module  # noqa: E402
 from glmserve.patching.wheels import extract_site, fetch_wheel  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).parent))
 VERSION = "0.5.12.post1"
 BACKEND = "sglang/srt/layers/attention/flashinfer_mla_backend.py"
 KERNEL = "sglang/srt/layers/attention/fp8_kv_gather.py"
@@ -185,3 +187,31 @@ def test_backend_state_counts_rows_and_shares_one_shadow(kernel, monkeypatch):
     for got in (state.cast(fp16_pool, idx, torch.bfloat16), state.cast(pool, None, torch.bfloat16)):
         assert got.data_ptr() != first.data_ptr()
         assert torch.equal(got.view(torch.int16), want)
+
+
+def test_no_hardware_e4m3_turns_the_gather_off_with_one_log_line(kernel, monkeypatch, caplog):
+    """Below compute capability 8.9 the kernel cannot compile: create() returns None (the
+    backend then runs the upstream cast) and says so once, however many backends ask."""
+    from sglang_standins import CpuForCuda
+
+    monkeypatch.setenv("GLMSERVE_FP8_GATHER", "1")
+    monkeypatch.setattr(kernel, "_unsupported_logged", False)
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    with caplog.at_level("WARNING"):
+        assert kernel.Fp8KvGather.create(cuda) is None
+        assert kernel.Fp8KvGather.create("cuda") is None
+    lines = [r.getMessage() for r in caplog.records if "fp8 gather" in r.getMessage()]
+    assert lines == [
+        "glmserve fp8 gather: off, compute capability 8.0 has no hardware FP8 e4m3 convert "
+        "(needs 8.9); running the upstream full-pool cast"
+    ]
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 9))
+    with CpuForCuda():  # the state's 1-element count tensor, allocated on the CPU here
+        assert kernel.Fp8KvGather.create(cuda) is not None
+
+
+def test_the_launcher_and_the_patch_agree_on_the_capability_floor(kernel):
+    from glmserve.patching.selftest import MIN_E4M3_CAPABILITY
+
+    assert tuple(kernel.MIN_CAPABILITY) == MIN_E4M3_CAPABILITY == (8, 9)

@@ -115,3 +115,15 @@ def test_cli_exit_codes():
     )
     assert bad.returncode == 1
     assert "FAILED" in bad.stdout
+
+
+def test_a_gpu_without_hardware_e4m3_is_skipped_with_the_reason(monkeypatch, capsys):
+    """The child sees the GPU: below 8.9 it reports 'skipped' (the patched SGLang turns the
+    gather off there and serves with the upstream cast) instead of failing to compile."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert selftest._child(None, 0) == 0
+    out = capsys.readouterr().out.strip().splitlines()[-1]
+    assert out.startswith("GLMSERVE-SELFTEST-RESULT ")
+    report = selftest.json.loads(out.split(" ", 1)[1])
+    assert report == {"status": "skipped", "detail": selftest.capability_note(8, 0), "native": ""}
+    assert "8.0 has no hardware FP8 e4m3 convert" in report["detail"]

@@ -150,7 +150,10 @@ def test_cli_exit_codes(patched, tmp_path, capsys):
 def test_cli_rules_only(patched, tmp_path, capsys):
     backend = patched / BACKEND_REL
     assert main(["--rules-only", str(backend)]) == 0
-    assert "passes the backend rules (2 run sites, 3 plan sites)" in capsys.readouterr().out
+    assert (
+        "passes the backend rules (run sites 2, plan sites 3, native decode sites 1)"
+        in capsys.readouterr().out
+    )
     broken = tmp_path / "flashinfer_mla_backend.py"
     broken.write_text(
         backend.read_text().replace("if self.fp8_gather is None:", "if self.fp8_gather:")

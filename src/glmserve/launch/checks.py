@@ -12,6 +12,7 @@ from typing import Any
 from glmserve.launch.errors import LaunchError, read_json
 from glmserve.launch.inventory import Gpu
 from glmserve.launch.profiles import Profile, flag_value
+from glmserve.patching.selftest import MIN_E4M3_CAPABILITY, capability_note
 
 ALLOW_ANY_ARCH_HINT = "--allow-any-arch (or GLMSERVE_ALLOW_ANY_ARCH=1)"
 
@@ -173,6 +174,16 @@ def parse_bool(name: str, value: str | None) -> bool:
     if lowered in ("", "0", "false", "no", "off"):
         return False
     raise LaunchError(f"{name}={value!r} is not a boolean (use 1 or 0)")
+
+
+def fp8_gather_unsupported(gpus: Sequence[Gpu]) -> str | None:
+    """The one line saying the gather is off because a GPU lacks hardware e4m3, or None."""
+    for gpu in gpus:
+        if gpu.capability < MIN_E4M3_CAPABILITY:
+            return f"FP8 KV gather off on GPU {gpu.index} ({gpu.name}): " + capability_note(
+                *gpu.capability
+            )
+    return None
 
 
 def fp8_gather_state(env: Mapping[str, str]) -> str:

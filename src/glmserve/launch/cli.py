@@ -331,6 +331,11 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
     gpus = host.gpus(environ)
     checks.check_gpus(profile, inputs.tp, gpus, inputs.allow_any_arch)
     gpu_line = ", ".join(f"{g.index}:{g.name} (sm {g.capability_str})" for g in gpus[: inputs.tp])
+    # The patched SGLang turns the gather off by itself on such GPUs: say so, record what runs.
+    unsupported = checks.fp8_gather_unsupported(gpus[: inputs.tp]) if fp8_gather == "on" else None
+    if unsupported is not None:
+        print(f"{PROG}: {unsupported}", file=err)
+        fp8_gather = sglang_info["fp8_gather"] = "off"
     if ns.check:
         json.dump(_report(plan, sglang_info, gpu_line, warnings), out, indent=2)
         out.write("\n")

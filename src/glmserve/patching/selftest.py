@@ -1,33 +1,42 @@
-"""Startup self-test: the target GPU proves the gather-then-cast patch before SGLang serves.
+"""Startup self-test: the target GPU proves the patch before SGLang serves.
 
-    python -m glmserve.patching.selftest [--timeout 30] [--module PATH] [--json]
+    python -m glmserve.patching.selftest [--timeout 30] [--module PATH] [--backend PATH] [--json]
 
-Runs the SHIPPED kernel (the ``fp8_kv_gather.py`` the series added to the installed SGLang)
-through the real FlashInfer MLA wrapper (``backend="fa2"``, the SM120 kernel family) on fresh
-random FP8 pools, and requires the attention output of the patched path to be bit-identical
-(``torch.equal``) to the upstream path (full-pool ``.to(bf16)``). Cases: scattered slots,
-duplicate slots (radix prefix sharing), the last pool row, more referenced slots than pool
-rows (the contiguous full-pool mode), a causal multi-token (extend) batch, count 0 (nothing
-written), and one CUDA graph captured once and replayed with other slots and counts.
+Three parts:
 
-The shadow is poisoned with NaN before every gather, so a row the kernel failed to write
-reaches the attention output as NaN and the comparison fails.
+* the gather kernel: the SHIPPED ``fp8_kv_gather.py`` (the one the series added to the installed
+  SGLang) through the real FlashInfer MLA wrapper (``backend="fa2"``, the SM120 kernel family)
+  with hand-set counts, bit-identical (``torch.equal``) to the upstream full-pool ``.to(bf16)``:
+  scattered slots, duplicate slots (radix prefix sharing), the last pool row, more referenced
+  slots than pool rows (the contiguous full-pool mode), a causal multi-token (extend) batch,
+  count 0 (nothing written), one CUDA graph captured once and replayed;
+* the wiring (classcheck.py): the installed, PATCHED ``FlashInferMLAAttnBackend`` itself, against
+  the same class with ``GLMSERVE_FP8_GATHER=0``, for eager decode, paged extend with a prefix,
+  target verify and CUDA-graph decode replayed through SGLang's fast replay plan, with
+  FlashInfer's ``auto`` backend (what the server runs) and fa2, decode on gather-then-cast
+  (bit for bit);
+* native FP8 decode (``fp8_mla_decode.py``), unless GLMSERVE_FP8_ATTENTION=gather: the kernel
+  held to fp64, no worse than 1.5x FlashInfer on the BF16 cast (glmserve.patching.nativecheck),
+  then the patched class decoding through it (classcheck, native mode). Its verdict is reported
+  separately (``native``): a failure there does not fail the self-test; the launcher serves
+  with GLMSERVE_FP8_ATTENTION=gather. ``--native-fault drop-last-token`` injects a fault the
+  native check must refuse.
 
-Then the native FP8 decode kernel (``fp8_mla_decode.py``), unless GLMSERVE_FP8_ATTENTION=gather:
-held to a tolerance against fp64, no worse than 1.5x FlashInfer on the BF16 cast
-(glmserve.patching.nativecheck). Its verdict is reported separately (``native``): a failure
-there does not fail the self-test; the launcher serves with GLMSERVE_FP8_ATTENTION=gather.
-``--native-fault drop-last-token`` injects a fault the native check must refuse.
+Pools hold real-valued latents quantized to FP8, so softmax is spread and a wrong row changes
+the output; the shadow is poisoned with NaN before every call, so a row nothing refreshed
+reaches the output as NaN.
 
-Exit status: 0 passed or skipped (no GPU, or ``GLMSERVE_FP8_GATHER=0``), 1 failed.
-The check runs in a child process so a hung GPU cannot hang the launcher: FlashInfer's
-one-off JIT build of the MLA kernel (the same build the server needs) gets its own, longer
-allowance (``jit_timeout_s``); ``timeout_s`` bounds the checks themselves.
+Exit status: 0 passed or skipped (no GPU, ``GLMSERVE_FP8_GATHER=0``, or a GPU without hardware
+e4m3, where the patched SGLang turns the gather off itself), 1 failed. The check runs in a
+child process so a hung GPU cannot hang the launcher: FlashInfer's one-off JIT builds (the same
+builds the server needs) and SGLang's imports get their own, longer allowance
+(``jit_timeout_s``); ``timeout_s`` bounds the checks themselves.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import math
@@ -46,6 +55,10 @@ from typing import Any
 from glmserve.patching.nativecheck import FAULTS
 
 ENV_SWITCH = "GLMSERVE_FP8_GATHER"
+ENV_MODE = "GLMSERVE_FP8_ATTENTION"
+# Hardware e4m3 -> f32 convert (Ada, Hopper, Blackwell). Below it the Triton kernel cannot
+# compile, and the patched SGLang turns the gather off itself (fp8_kv_gather.py says the same).
+MIN_E4M3_CAPABILITY = (8, 9)
 KERNEL_REL = Path("srt", "layers", "attention", "fp8_kv_gather.py")
 _READY = "GLMSERVE-SELFTEST-READY"
 _RESULT = "GLMSERVE-SELFTEST-RESULT "
@@ -54,6 +67,15 @@ _RESULT = "GLMSERVE-SELFTEST-RESULT "
 CKV_DIM = 512
 KPE_DIM = 64
 ROW_DIM = CKV_DIM + KPE_DIM
+
+
+def capability_note(major: int, minor: int) -> str:
+    """The one line saying why the gather is off on this GPU (the launcher prints it too)."""
+    return (
+        f"compute capability {major}.{minor} has no hardware FP8 e4m3 convert (needs "
+        f"{MIN_E4M3_CAPABILITY[0]}.{MIN_E4M3_CAPABILITY[1]}): the patched SGLang turns the "
+        "gather off and runs the upstream full-pool cast"
+    )
 
 
 @dataclass(frozen=True)
@@ -112,11 +134,11 @@ Attention = Callable[..., Any]
 
 
 def random_fp8_pool(torch: Any, rows: int, device: Any, generator: Any) -> Any:
-    """A [rows, 1, 576] float8_e4m3fn pool of random finite values (no NaN bit patterns)."""
-    raw = torch.randint(0, 256, (rows, 1, ROW_DIM), dtype=torch.uint8, generator=generator)
-    # e4m3fn encodes NaN as S.1111.111; the KV cache never holds it and NaN != NaN.
-    raw[(raw & 0x7F) == 0x7F] ^= 1
-    return raw.to(device).view(torch.float8_e4m3fn)
+    """A [rows, 1, 576] float8_e4m3fn pool of real-valued latents, quantized the way the model
+    writes them (plain ``.to(fp8)``, no scale): logits stay spread, so softmax mixes many rows
+    and a wrong row changes the output (random bytes would make it one-hot)."""
+    latents = torch.randn(rows, 1, ROW_DIM, generator=generator)
+    return latents.to(torch.float8_e4m3fn).to(device)
 
 
 def _indptr(torch: Any, lens: list[int], device: Any) -> Any:
@@ -361,12 +383,22 @@ def _native_verdict(
     return "passed: " + "; ".join(lines)
 
 
-def _child(module_path: str | None, seed: int, native_fault: str | None = None) -> int:
+def _child(
+    module_path: str | None,
+    seed: int,
+    native_fault: str | None = None,
+    backend_path: str | None = None,
+) -> int:
     """Runs in the child process: prints READY after warm-up, then one RESULT line."""
     t0 = time.monotonic()
     try:
         import torch
 
+        major, minor = torch.cuda.get_device_capability()
+        if (major, minor) < MIN_E4M3_CAPABILITY:
+            report = SelfTestReport("skipped", capability_note(major, minor))
+            print(_RESULT + json.dumps(asdict(report)), flush=True)
+            return 0
         path = Path(module_path) if module_path else installed_kernel_path()
         if path is None or not path.is_file():
             raise SelfTestFailure(
@@ -374,20 +406,40 @@ def _child(module_path: str | None, seed: int, native_fault: str | None = None) 
                 "missing: was the patch series applied?"
             )
         kernel = load_kernel_module(path)
-        # Imported here: only the GPU run needs FlashInfer.
+        # Imported here: only the GPU run needs FlashInfer and SGLang.
         import flashinfer
         import flashinfer.mla
+
+        from glmserve.patching import classcheck
 
         device = torch.device("cuda")
         heads = 16
         attention = _flashinfer_attention(torch, flashinfer, device, heads)
-        # Warm-up: FlashInfer JIT (causal and non-causal) and the Triton compile.
+        parts = classcheck.installed_parts(
+            torch,
+            backend_path=Path(backend_path) if backend_path else None,
+            gather_path=path if module_path else None,
+        )
+        native_mode = (
+            os.environ.get(ENV_MODE, "native").strip().lower() == "native"
+            and "native" in parts.decode_modes
+        )
+        # Warm-up: FlashInfer JIT (causal and non-causal, auto and fa2), the Triton compiles,
+        # SGLang's imports; the same code paths as the checks, on small pools.
         warm = run_checks(
             torch, kernel, attention, device=device, pool_rows=1024, heads=heads, seed=seed + 1
+        )
+        warm += classcheck.run_class_checks(
+            torch, parts, geometry=classcheck.WARM, seed=seed + 1, modes=("gather",)
         )
         del warm
         # The native kernel's Triton compile (and its graph capture) belongs to warm-up too.
         _native_verdict(torch, attention, device, seed + 1, native_fault, pool_rows=4096)
+        if native_mode:
+            with contextlib.suppress(Exception):  # judged below; here only compiled
+                classcheck.run_class_checks(
+                    torch, parts, geometry=classcheck.WARM, seed=seed + 1, modes=("native",)
+                )
         torch.cuda.synchronize()
         print(_READY, flush=True)
         t1 = time.monotonic()
@@ -401,6 +453,10 @@ def _child(module_path: str | None, seed: int, native_fault: str | None = None) 
             seed=seed,
             graph_attention=_flashinfer_graph_check(torch, flashinfer, kernel, device, heads),
         )
+        lines += [
+            f"class {line}"
+            for line in classcheck.run_class_checks(torch, parts, seed=seed, modes=("gather",))
+        ]
         torch.cuda.synchronize()
         t2 = time.monotonic()
         detail = (
@@ -409,13 +465,32 @@ def _child(module_path: str | None, seed: int, native_fault: str | None = None) 
             f"checks {t2 - t1:.1f} s: " + "; ".join(lines)
         )
         native = _native_verdict(torch, attention, device, seed, native_fault)
+        if native_mode and native.startswith("passed"):
+            native = _native_class_verdict(torch, parts, seed, native)
         report = SelfTestReport("passed", detail, native)
     except SelfTestFailure as exc:
         report = SelfTestReport("failed", f"patched FP8 KV gather is WRONG: {exc}")
+    except AssertionError as exc:  # classcheck.WiringFailure: the class's wiring is wrong
+        report = SelfTestReport("failed", f"patched FP8 KV wiring is WRONG: {exc}")
     except Exception as exc:  # any crash of the patched path is a failure to prove it
         report = SelfTestReport("failed", f"self-test crashed: {type(exc).__name__}: {exc}")
     print(_RESULT + json.dumps(asdict(report)), flush=True)
-    return 0 if report.status == "passed" else 1
+    return 0 if report.ok else 1
+
+
+def _native_class_verdict(torch: Any, parts: Any, seed: int, kernel_verdict: str) -> str:
+    """The patched class decoding through the native kernel (classcheck's native mode)."""
+    from glmserve.patching import classcheck
+
+    try:
+        lines = classcheck.run_class_checks(torch, parts, seed=seed, modes=("native",))
+    except classcheck.WiringFailure as exc:
+        return f"failed: native FP8 decode wiring is WRONG: {exc}"
+    except Exception as exc:
+        return (
+            f"failed: native FP8 decode crashed in the patched class: {type(exc).__name__}: {exc}"
+        )
+    return kernel_verdict + "; " + "; ".join(f"class {line}" for line in lines)
 
 
 # --------------------------------------------------------------------------------------------
@@ -445,6 +520,7 @@ def run_selftest(
     module_path: str | None = None,
     seed: int | None = None,
     native_fault: str | None = None,
+    backend_path: str | None = None,
 ) -> SelfTestReport:
     """Prove the patched gather on this GPU. Never raises; see the module docstring."""
     # The same switch (and the same accepted values) the patched SGLang reads.
@@ -463,6 +539,8 @@ def run_selftest(
         cmd += ["--module", str(module_path)]
     if native_fault:
         cmd += ["--native-fault", native_fault]
+    if backend_path:
+        cmd += ["--backend", str(backend_path)]
     env = dict(os.environ)
     package_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
@@ -514,6 +592,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds for the checks")
     parser.add_argument("--jit-timeout", type=float, default=600.0, help="seconds for warm-up")
     parser.add_argument("--module", help="test this fp8_kv_gather.py instead of the installed one")
+    parser.add_argument(
+        "--backend", help="test this flashinfer_mla_backend.py instead of the installed one"
+    )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument(
         "--native-fault",
@@ -525,13 +606,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.child:
         seed = args.seed if args.seed is not None else 0
-        return _child(args.module, seed, args.native_fault)
+        return _child(args.module, seed, args.native_fault, args.backend)
     report = run_selftest(
         args.timeout,
         jit_timeout_s=args.jit_timeout,
         module_path=args.module,
         seed=args.seed,
         native_fault=args.native_fault,
+        backend_path=args.backend,
     )
     if args.json:
         print(json.dumps(asdict(report)))

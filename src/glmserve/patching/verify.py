@@ -321,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(
             f"{prog}: ok: {args.rules_only.name} passes the backend rules "
-            f"({len(report.run_sites)} run sites, {len(report.plan_sites)} plan sites)"
+            f"(run sites {len(report.run_sites)}, plan sites {len(report.plan_sites)}, "
+            f"native decode sites {len(report.native_sites)})"
         )
         return 0
     if not args.target.is_dir():

@@ -1,0 +1,98 @@
+"""(c) The PATCHED SGLang FlashInferMLAAttnBackend itself on the GPU (run by bench/device_run.sh).
+
+The self-test's class checks (glmserve.patching.classcheck) on the installed SGLang and FlashInfer:
+eager decode, paged extend with a prefix, target verify, and decode captured once in a CUDA graph
+and replayed through SGLang's fast replay plan, with FlashInfer `auto` (fa3 on the H200, what the
+server runs) and fa2 (SM120's family), bit for bit against GLMSERVE_FP8_GATHER=0. Then fault
+injection: wrong wirings of the backend (tests/patching/backend_mutants.py) must be refused, by
+the harness and by the startup self-test's --backend, so the self-test is shown to catch a wrong
+WIRING, not only a wrong kernel.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+
+from glmserve.patching import classcheck, selftest  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "patching"))
+from backend_mutants import WRONG, mutate  # noqa: E402
+
+# Wrong wirings whose effect shows in the numbers (the rules refuse every mutant statically).
+OBSERVABLE = (
+    "extend gathers with the decode wrapper's indices",
+    "decode gathers with the eager wrapper, runs the step's (CUDA-graph) wrapper",
+    "note_rows fed the persistent indptr buffer instead of this step's",
+    "note_rows in a dead branch",
+    "the target-verify / draft-extend path (spec_info) loses its row count",
+    "the gather converts another pool than upstream does",
+    "native decode reads the eager wrapper's indices (stale under CUDA graphs)",
+    "the native kernel reads another layer's pool",
+    "the native guard inverted: native never runs with the mode on",
+)
+CHECK_BUDGET_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def parts():
+    fmb = pytest.importorskip(classcheck.BACKEND_MODULE)
+    if not hasattr(fmb.FlashInferMLAAttnBackend, "_mla_kv_for_wrapper"):
+        pytest.fail("the imported SGLang backend is not patched")
+    parts = classcheck.installed_parts(torch)
+    classcheck.run_class_checks(torch, parts, geometry=classcheck.WARM, seed=1)  # JIT, compiles
+    torch.cuda.synchronize()
+    return parts
+
+
+def test_c_patched_class_is_bit_identical_to_upstream(parts):
+    t0 = time.monotonic()
+    lines = classcheck.run_class_checks(torch, parts, seed=7)
+    torch.cuda.synchronize()
+    took = time.monotonic() - t0
+    print(f"\n[c] {len(lines)} class checks in {took:.1f} s (JIT excluded): " + "; ".join(lines))
+    assert len(lines) == 4 * len(parts.flashinfer_backends) * len(parts.decode_modes)
+    assert took < CHECK_BUDGET_S
+
+
+@pytest.mark.parametrize("name", OBSERVABLE)
+def test_c_a_wrong_wiring_is_refused(parts, tmp_path, name):
+    (mutant,) = [m for m in WRONG if m.name == name]
+    source = Path(parts.backend.__file__).read_text()
+    broken = tmp_path / "flashinfer_mla_backend.py"
+    broken.write_text(mutate(source, mutant))
+    wrong = classcheck.installed_parts(torch, backend_path=broken)
+    wrong.flashinfer_backends = ("auto",)
+    with pytest.raises(classcheck.WiringFailure) as caught:
+        classcheck.run_class_checks(torch, wrong, seed=7)
+    print(f"\n[c, {name}] refused: {caught.value}")
+
+
+def test_c_the_startup_selftest_refuses_a_wrong_wiring(parts, tmp_path):
+    (mutant,) = [m for m in WRONG if m.name == OBSERVABLE[0]]
+    broken = tmp_path / "flashinfer_mla_backend.py"
+    broken.write_text(mutate(Path(parts.backend.__file__).read_text(), mutant))
+    report = selftest.run_selftest(timeout_s=CHECK_BUDGET_S, backend_path=str(broken))
+    print(f"\n[selftest, {OBSERVABLE[0]}] {report.status}: {report.detail[:300]}")
+    assert report.status == "failed"
+    assert "wiring is WRONG" in report.detail
+
+
+def test_c_a_wrong_native_wiring_fails_the_native_verdict_only(parts, tmp_path):
+    """Native decode wired wrong: the self-test still passes (gather is proven), its native
+    verdict fails, and the launcher then serves with GLMSERVE_FP8_ATTENTION=gather."""
+    name = "native decode reads the eager wrapper's indices (stale under CUDA graphs)"
+    (mutant,) = [m for m in WRONG if m.name == name]
+    broken = tmp_path / "flashinfer_mla_backend.py"
+    broken.write_text(mutate(Path(parts.backend.__file__).read_text(), mutant))
+    report = selftest.run_selftest(timeout_s=CHECK_BUDGET_S, backend_path=str(broken))
+    print(f"\n[selftest, {name}] {report.status}; native {report.native[:300]}")
+    assert report.status == "passed", report.detail
+    assert report.native.startswith("failed: native FP8 decode wiring is WRONG"), report.native
