@@ -127,3 +127,19 @@ class U:
     plan_lines = sorted(p.line for p in report.problems if p.rule == PLAN_ROWS)
     wrong_plan = len(src[: src.rindex("w.plan(0, host)")].splitlines())
     assert plan_lines == [wrong_plan], report.problems
+
+
+def test_a_file_with_too_many_paths_is_refused_not_guessed():
+    branches = "".join(f"        if c{i}:\n            x = {i}\n" for i in range(13))
+    src = (
+        "from sglang.srt.layers.attention.fp8_kv_gather import G\n\n"
+        "class U:\n    def begin(self, w, kv_indptr, "
+        + ", ".join(f"c{i}" for i in range(13))
+        + "):\n"
+        + branches
+        + "        w.plan(0, kv_indptr)\n"
+    )
+    found = problems(src)
+    assert any(
+        "[structure] cannot analyse the file: U.begin has more than 4096 paths" in p for p in found
+    ), found
