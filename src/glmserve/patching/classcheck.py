@@ -1,13 +1,15 @@
 """Self-test through the live wiring: the PATCHED `FlashInferMLAAttnBackend` itself, against the
-same class with `GLMSERVE_FP8_GATHER=0` (the upstream full cast), bit for bit.
+same class with `GLMSERVE_FP8_GATHER=0` (the upstream full cast): bit for bit where the patch
+runs gather-then-cast, and against fp64 where decode runs the native FP8 kernel
+(`GLMSERVE_FP8_ATTENTION=native`, not bit-identical by design).
 
 The kernel self-test (selftest.py) proves the gather kernel with hand-set counts. This proves the
 wiring around it: `note_rows` at every plan, the wrapper's own index buffer handed to the gather,
-the shared shadow, and SGLang's own CUDA-graph capture and fast replay plan. It builds the
-smallest faithful harness SGLang 0.5.12.post1 lets us build (it ships no attention test kit): a
-model runner and forward batches carrying exactly the fields the backend reads, the backend
-constructed by its real `__init__`, planned by its real `init_forward_metadata*`, run by its real
-`forward_decode` / `forward_extend`.
+the shared shadow, the plan record native decode reads, and SGLang's own CUDA-graph capture and
+fast replay plan. It builds the smallest faithful harness SGLang 0.5.12.post1 lets us build (it
+ships no attention test kit): a model runner and forward batches carrying exactly the fields the
+backend reads, the backend constructed by its real `__init__`, planned by its real
+`init_forward_metadata*`, run by its real `forward_decode` / `forward_extend`.
 
 Cases, each on several layers with their own pools of real-valued latents quantized to FP8 (so
 softmax is spread and a wrong row changes the output, not only an argmax):
