@@ -40,6 +40,7 @@ SERVER_ARGS_READ = (
     "dp_size",
     "quantization",
     "max_running_requests",
+    "cuda_graph_max_bs",  # after SGLang resolved its default: decode batches replayed in graphs
     "context_length",
     "page_size",
     "chunked_prefill_size",

@@ -147,3 +147,35 @@ def test_http_middleware_metrics_count_by_route_template_and_status():
     # the scrape itself is in flight while it renders; everything else has answered
     assert sample(fams, "sglang:http_requests_active", endpoint="/metrics", **get) == 1
     assert sample(fams, "sglang:http_requests_active", endpoint="/v1/completions", **post) == 0
+
+
+@pytest.mark.parametrize(("graph_max_bs", "eager"), [(None, False), (2, False), (1, True)])
+def test_decode_passes_count_as_eager_when_the_batch_outgrows_the_cuda_graphs(graph_max_bs, eager):
+    """Two streams at once: with --cuda-graph-max-bs 1 their decode steps are decode_none
+    passes (the series appears only then, as in SGLang); within the graphs they are not.
+    /server_info reports the limit the exporter exports."""
+    import threading
+
+    with emulator_thread(
+        tpot_ms=1.0, ttft_ms=1.0, decode_log_interval=5, cuda_graph_max_bs=graph_max_bs
+    ) as e:
+        assert httpx.get(e.url + "/server_info", timeout=10).json()["cuda_graph_max_bs"] == (
+            graph_max_bs or 256
+        )
+        body = {"prompt": "x", "max_tokens": 400, "ignore_eos": True}
+        threads = [
+            threading.Thread(target=httpx.post, args=(e.url + "/v1/completions",),
+                             kwargs={"json": body, "timeout": 30})
+            for _ in range(2)
+        ]  # fmt: skip
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        fams = scrape(e.url)
+    modes = {s.labels["mode"]: s.value for s in fams["sglang:cuda_graph_passes_total"].samples
+             if s.name.endswith("_total")}  # fmt: skip
+    assert sum(modes.values()) >= 5
+    assert ("decode_none" in modes) is eager
+    if eager:
+        assert modes["decode_none"] >= 5  # at least one whole logged interval with both running

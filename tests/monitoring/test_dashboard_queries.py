@@ -60,6 +60,9 @@ def test_rules_loaded_healthy_and_no_false_alerts(stack: LiveStack):
     assert alerts["GlmserveFP8KVWithoutPatch"]["state"] == "inactive"
     assert alerts["GlmserveTargetDown"]["state"] == "inactive"
     assert alerts["GlmserveTPOTOverSLO"]["state"] == "inactive"  # 20 ms < 40 ms
+    # The emulator's batch never outgrows its graphs by default (cuda_graph_max_bs = its
+    # max concurrency): decode passes are all in-graph.
+    assert alerts["GlmserveDecodeWithoutCudaGraphs"]["state"] == "inactive"
 
 
 def test_info_series_describes_the_emulator(stack: LiveStack):

@@ -41,6 +41,8 @@ SERVER_INFO: dict[str, Any] = {
     "attention_backend": "flashinfer",
     "decode_attention_backend": None,
     "tp_size": 8,
+    "cuda_graph_max_bs": 64,
+    "max_running_requests": 64,
     "max_total_num_tokens": 495552,
     "max_req_input_len": 202746,
     "status": "ready",

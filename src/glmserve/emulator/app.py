@@ -487,6 +487,7 @@ def server_info_dict(state: EmulatorState) -> dict[str, Any]:
         "weight_version": "default",
         "speculative_algorithm": None,
         "disable_cuda_graph": False,
+        "cuda_graph_max_bs": c.graph_max_bs,
     }
     engine = state.engine
     internal = {

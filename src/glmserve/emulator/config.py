@@ -42,6 +42,9 @@ class EmulatorConfig:
     startup_delay_s: float = 0.0
     decode_log_interval: int = 40
     build_info_file: str | None = None
+    # Decode batches up to this size count as CUDA-graph passes; None = --max-concurrency, so
+    # the default stack never decodes "eagerly" (sglang:cuda_graph_passes_total).
+    cuda_graph_max_bs: int | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -61,6 +64,8 @@ class EmulatorConfig:
             problems.append("--tp-size must be >= 1")
         if self.decode_log_interval < 1:
             problems.append("--decode-log-interval must be >= 1")
+        if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:
+            problems.append("--cuda-graph-max-bs must be >= 1")
         if self.served_model_name is not None and ":" in self.served_model_name:
             # The real server refuses it too: ':' is the LoRA separator.
             problems.append("--served-model-name cannot contain a colon (':')")
@@ -71,6 +76,12 @@ class EmulatorConfig:
     def model_name(self) -> str:
         """Like SGLang: served_model_name defaults to model_path."""
         return self.served_model_name or self.model_path
+
+    @property
+    def graph_max_bs(self) -> int:
+        return (
+            self.cuda_graph_max_bs if self.cuda_graph_max_bs is not None else self.max_concurrency
+        )
 
     @property
     def tpot_s(self) -> float:
@@ -157,6 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--decode-log-interval", type=int, default=40)
     p.add_argument(
+        "--cuda-graph-max-bs",
+        type=int,
+        default=None,
+        help="decode batches above this count as passes without CUDA graphs "
+        "(sglang:cuda_graph_passes_total{mode=decode_none}); default: --max-concurrency",
+    )
+    p.add_argument(
         "--build-info-file",
         default=None,
         help="write glmserve build info (source=emulator, fp8_gather per --cost-model) here",
@@ -193,6 +211,7 @@ def config_from_args(ns: argparse.Namespace) -> EmulatorConfig:
         startup_delay_s=ns.startup_delay_s,
         decode_log_interval=ns.decode_log_interval,
         build_info_file=ns.build_info_file,
+        cuda_graph_max_bs=ns.cuda_graph_max_bs,
     )
 
 

@@ -264,6 +264,13 @@ class Engine:
             if self.running:
                 # decode_log_interval decode steps at the current step time
                 await asyncio.sleep(self.config.decode_log_interval * self.step_s())
+                if self.running:
+                    # The decode steps of that interval, each one forward pass of the whole
+                    # running batch: replayed in a CUDA graph only up to --cuda-graph-max-bs.
+                    self.metrics.increment_decode_cuda_graph_passes(
+                        self.config.decode_log_interval,
+                        in_graph=len(self.running) <= self.config.graph_max_bs,
+                    )
                 if self.running or self._tokens_since_log:
                     self.log_decode_stats()
             else:

@@ -161,6 +161,9 @@ class MetricsState:
     generation_tokens_hist: Histogram = field(
         default_factory=lambda: Histogram(TOKEN_LENGTH_BUCKETS)
     )
+    # Forward passes by mode ("decode_cuda_graph" / "decode_none"); like the real counter, a
+    # mode's series exists once it has been counted.
+    cuda_graph_passes: dict[str, float] = field(default_factory=dict)
 
     # --- observation hooks, named after the real collector's methods -------------------------
     def observe_time_to_first_token(self, seconds: float) -> None:
@@ -181,6 +184,10 @@ class MetricsState:
         self.prompt_tokens_hist.observe(float(prompt_tokens))
         self.uncached_prompt_tokens_hist.observe(float(prompt_tokens))  # no prefix cache
         self.generation_tokens_hist.observe(float(generation_tokens))
+
+    def increment_decode_cuda_graph_passes(self, passes: int, in_graph: bool) -> None:
+        mode = "decode_cuda_graph" if in_graph else "decode_none"
+        self.cuda_graph_passes[mode] = self.cuda_graph_passes.get(mode, 0.0) + passes
 
     def observe_one_aborted_request(self) -> None:
         self.num_aborted_requests_total += 1
@@ -229,6 +236,13 @@ class SGLangCollector(Collector):
             [*SCHEDULER_LABELS, "mode"],
             (([*self._sched(), mode], v) for mode, v in s.realtime_tokens.items()),
         )
+        if s.cuda_graph_passes:
+            yield from self._counter(
+                "sglang:cuda_graph_passes_total",
+                "Total number of forward passes categorized by CUDA graph.",
+                [*SCHEDULER_LABELS, "mode"],
+                (([*self._sched(), m], v) for m, v in sorted(s.cuda_graph_passes.items())),
+            )
         yield self._histogram(
             "sglang:queue_time_seconds",
             "Histogram of queueing time in seconds.",

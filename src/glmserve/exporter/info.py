@@ -61,6 +61,25 @@ def server_fields(info: dict[str, Any]) -> dict[str, str]:
     }
 
 
+# Batch limits from /server_info, as gauges: decode above cuda_graph_max_bs runs without CUDA
+# graphs (several times slower), and max_running_requests says whether the batch can get there.
+LIMITS = {
+    "cuda_graph_max_bs": "Largest decode batch SGLang captured a CUDA graph for; bigger batches "
+    "decode eagerly (server arg cuda_graph_max_bs).",
+    "max_running_requests": "Largest running batch the scheduler admits (server arg "
+    "max_running_requests); above cuda_graph_max_bs it allows eager decode.",
+}
+
+
+def server_limits(info: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for key in LIMITS:
+        value = info.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = float(value)
+    return out
+
+
 def summarize(labels: dict[str, str], build_present: bool) -> str:
     """One human line, e.g. "FP8 KV, patched, pool 495k" or "FP8 KV, nsa attention, patch not in
     use, pool 96k"."""
@@ -111,6 +130,7 @@ class TargetInfoCollector(Collector):
         self.build_info_file = build_info_file
         self._lock = threading.Lock()
         self._last_server: dict[str, str] | None = None
+        self._last_limits: dict[str, float] = {}
         # Counted here rather than in a registered Counter so that the scrape which sees the
         # target fail also shows that failure (a Counter would be collected before the probe).
         self.failures = dict.fromkeys(PROBE_FAILURE_REASONS, 0)
@@ -165,7 +185,9 @@ class TargetInfoCollector(Collector):
         with self._lock:
             if body is not None:
                 self._last_server = server_fields(body)
+                self._last_limits = server_limits(body)
             server = self._last_server
+            limits = dict(self._last_limits)
             failures = dict(self.failures)
         up = GaugeMetricFamily(
             "glmserve_target_up",
@@ -181,6 +203,8 @@ class TargetInfoCollector(Collector):
         for reason, count in failures.items():
             counter.add_metric([reason], count)
         yield counter
+        for key, value in limits.items():  # kept while the target is down, like the info
+            yield GaugeMetricFamily(f"glmserve_server_{key}", LIMITS[key], value=value)
         build = self.read_build()
         if server is None and build is None:
             return  # nothing known yet: no info series rather than a row of empty labels

@@ -222,12 +222,26 @@ def panels() -> list[Panel]:
         Panel(
             "Running and queued requests",
             "sglang:num_running_reqs (in the decode batch) and sglang:num_queue_reqs (waiting). "
-            "Refreshed by the scheduler every 40 decode steps and every 30 s when idle.",
+            "Refreshed by the scheduler every 40 decode steps and every 30 s when idle. The "
+            "limits come from /server_info: decode CUDA graphs are captured up to "
+            "cuda_graph_max_bs; a running batch above that line decodes eagerly (several times "
+            "slower), and the exporter's canary is one of the running requests.",
             [
                 Target("glmserve:sglang_running_requests:sum", "running"),
                 Target("glmserve:sglang_queued_requests:sum", "queued"),
+                Target("max(glmserve_server_cuda_graph_max_bs)", "CUDA graphs up to"),
+                Target("max(glmserve_server_max_running_requests)", "running limit"),
             ],
             unit="none",
+        ),
+        Panel(
+            "Decode steps without CUDA graphs",
+            "Share of decode forward passes (5 m) that SGLang ran eagerly because the running "
+            "batch was larger than --cuda-graph-max-bs (sglang:cuda_graph_passes_total, "
+            "mode=decode_none). Should be 0: the GLM-5 profiles cap --max-running-requests at "
+            "the graph size. Alert GlmserveDecodeWithoutCudaGraphs above 1%.",
+            [Target("glmserve:sglang_decode_without_cuda_graph:ratio5m", "eager decode share")],
+            unit="percentunit",
         ),
         Panel(
             "KV cache tokens: used vs pool",
