@@ -404,8 +404,8 @@ def _decode_batch(world: _World, reqs: list[int], lens: tuple[int, ...]) -> Any:
 def _queries(world: _World, rows: int) -> list[Any]:
     torch = world.torch
     return [
-        torch.randn(rows, world.geo.heads * ROW, generator=world.gen).to(
-            world.parts.device, torch.bfloat16
+        torch.randn(rows, world.geo.heads * ROW, generator=world.gen, device=world.parts.device).to(
+            torch.bfloat16
         )
         for _ in world.layers
     ]
