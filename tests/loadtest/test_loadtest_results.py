@@ -181,3 +181,34 @@ def test_bad_options_give_one_clear_line(field: str, value, message: str) -> Non
 def test_sweep_cannot_run_until_stopped() -> None:
     with pytest.raises(OptionsError, match="sweep"):
         LoadTestOptions(shape="sweep", measure_s=0.0)
+
+
+def test_plots_show_failures_the_slo_and_an_incomplete_run(tmp_path) -> None:
+    """The banner names failures and an early stop (latency curves cannot); steps without a
+    completed request still plot; a sweep writes both files."""
+    from glmserve.loadtest.report import _banner, write_plots
+    from glmserve.loadtest.results import SLO, StepResult
+    from glmserve.streaming import Aggregate
+
+    healthy, dying = Aggregate(), Aggregate()
+    for _ in range(4):
+        healthy.add(timing(0.3, 0.03))
+        dying.add(timing(0.4, 0.05))
+    for _ in range(30):
+        dying.fail("connect")
+    dying.fail("timeout")
+    steps = [StepResult(0, 1, 5.0, healthy), StepResult(1, 2, 5.0, dying),
+             StepResult(2, 4, 5.0, Aggregate())]  # fmt: skip
+    banner = _banner(steps, "SIGTERM")
+    assert banner.splitlines() == [
+        "INCOMPLETE run, stopped early: SIGTERM",
+        "31 requests FAILED (connect 30, timeout 1) against 8 timed: failures are not in the "
+        "latency plots",
+    ]
+    assert _banner(steps[:1], None) == ""
+    written = write_plots(tmp_path, steps, SLO(500.0, 40.0, 90.0), "SIGTERM")
+    assert [p.name for p in written] == ["latency_histograms.png", "sweep.png"]
+    assert all(p.stat().st_size > 10_000 for p in written)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert write_plots(empty, [StepResult(0, 1, 5.0, Aggregate())])[0].is_file()

@@ -78,6 +78,19 @@ def test_shape_reports_each_phase_change_once_then_stops() -> None:
     assert ended == [100.0]
 
 
+def test_run_time_ends_the_run_and_says_it_was_cut_short() -> None:
+    """Locust applies -t only after a shape has finished; the player applies it itself."""
+    ended: list[float] = []
+    player = StagePlayer(plan("sweep", 4, 1.0, 1.0), on_end=ended.append, wall=lambda: 7.0,
+                         limit_s=3.0)  # fmt: skip
+    assert player.tick(2.9) == (2, 2.0)
+    assert player.tick(3.0) is None
+    assert player.finished and player.cut_short and not player.reached_last and ended == [7.0]
+    whole = StagePlayer(plan("sweep", 4, 1.0, 1.0), limit_s=60.0)
+    assert [whole.tick(t) is None for t in (0.0, 4.5, 6.0)] == [False, False, True]
+    assert whole.finished and whole.reached_last and not whole.cut_short
+
+
 def test_new_streams_start_over_half_the_warm_up() -> None:
     """Spread starts keep equal-length streams out of lock-step (their TTFT would then carry
     the burst of N simultaneous requests); no warm-up means start at once."""
@@ -102,3 +115,13 @@ def _ns(**over):
     )  # fmt: skip
     base.update(over)
     return SimpleNamespace(**base)
+
+
+def test_quick_failures_back_off_doubling_to_a_cap() -> None:
+    """A dead target refuses in microseconds: each user waits 0.1, 0.2, 0.4 ... s, at most 5 s
+    (docs/loadtest.md, Failures)."""
+    from glmserve.loadtest.stages import BACKOFF_REASONS, backoff_s
+
+    assert [backoff_s(n) for n in range(8)] == [0.0, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0]
+    assert backoff_s(100) == 5.0
+    assert {"connect", "http_status"} == BACKOFF_REASONS  # slow failures pace themselves

@@ -4,13 +4,16 @@ records, and the report + SLO exit code when Locust quits."""
 from __future__ import annotations
 
 import logging
+import math
 import os
+import signal
 import socket
 import sys
 import time
 from typing import Any
 from urllib.parse import urlsplit
 
+import gevent
 import locust
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
@@ -52,7 +55,24 @@ def _on_init(environment: Environment, **_: Any) -> None:
             # that dies mid-run is different: those requests are counted as `connect` failures.
             sys.stderr.write(f"locust decode suite: {problem}\n")
             sys.exit(2)
-    start_session(environment, options, prompts)
+    session = start_session(environment, options, prompts)
+    if not isinstance(environment.runner, WorkerRunner):
+        _stop_on_sigterm(environment, session)
+
+
+def _stop_on_sigterm(environment: Environment, session: Session) -> None:
+    """Locust installs its SIGTERM handler only after a headless shape run has ended, so until
+    then SIGTERM (docker stop, a CI timeout) killed the process and no report was written.
+    Stop the run instead: Locust then quits the normal way and the report is written, marked
+    incomplete."""
+
+    def on_term() -> None:
+        session.stopped_by = "SIGTERM"
+        log.warning("SIGTERM: stopping the run; the report will be marked incomplete")
+        if environment.runner is not None:
+            gevent.spawn(environment.runner.quit)
+
+    gevent.signal_handler(signal.SIGTERM, on_term)
 
 
 def unreachable(url: str, timeout_s: float = 5.0) -> str | None:
@@ -82,7 +102,8 @@ def start_session(
 
 
 def _configure_shape(environment: Environment, session: Session, shape: DecodeShape) -> None:
-    player = shape.configure(session.options)
+    ns = environment.parsed_options
+    player = shape.configure(session.options, getattr(ns, "run_time", None))
     player.on_phase = lambda tick, at: session.on_phase(tick, at, environment)
     player.on_end = session.collector.close
 
@@ -148,8 +169,31 @@ def _on_quitting(environment: Environment, **_: Any) -> None:
     _finish(environment, session)
 
 
+def completion(environment: Environment, session: Session) -> tuple[bool, str | None]:
+    """(complete, how it ended when not by itself). A run is complete when its shape reached
+    the end, or reached an open-ended step (--measure-s 0), which any stop ends normally."""
+    shape = environment.shape_class
+    player = shape.player if isinstance(shape, DecodeShape) else None
+    if player is None:
+        return True, session.stopped_by
+    if player.cut_short:
+        return False, session.stopped_by or f"--run-time {player.limit_s:g} s"
+    if player.finished:
+        return True, session.stopped_by
+    open_ended = bool(player.stages) and math.isinf(player.stages[-1].measure_s)
+    if open_ended and player.reached_last:
+        return True, session.stopped_by
+    return False, session.stopped_by or (
+        "stopped before the last step ended (Ctrl-C, a stop in the web UI, or an error)"
+    )
+
+
 def _finish(environment: Environment, session: Session) -> None:
     from glmserve.loadtest.report import write_report
+
+    session.complete, session.stopped_by = completion(environment, session)
+    if not session.complete:
+        log.warning("the run ended early (%s): report marked incomplete", session.stopped_by)
 
     try:
         outcome = write_report(session, environment.host or "", os.getcwd())

@@ -44,6 +44,10 @@ def build_summary(session: Session, host: str) -> tuple[dict[str, Any], list[Ste
         "definitions": "docs/metrics.md (TTFT = first content token; TPOT from usage tokens)",
         "started_at": _iso(session.started_at),
         "finished_at": _iso(time.time()),
+        # False when the run stopped before its last step ended (SIGTERM, Ctrl-C, --run-time):
+        # the steps measured are still valid, the ones never reached are missing.
+        "complete": session.complete,
+        "stopped_by": session.stopped_by,
         "target": host,
         "server": session.server,
         "workload": {
@@ -86,8 +90,10 @@ def write_report(session: Session, host: str, cwd: str) -> Outcome:
     (directory / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
     write_steps_csv(directory / "steps.csv", summary["steps"])
     write_requests_csv(directory / "requests.csv", session)
+    opts = session.options
+    slo = SLO(opts.slo_ttft_ms, opts.slo_tpot_ms, opts.slo_percentile) if opts.slo_set else None
     try:
-        write_plots(directory, steps)
+        write_plots(directory, steps, slo, None if session.complete else session.stopped_by)
     except ImportError as exc:  # matplotlib is in the loadtest extra; plots are optional
         log.warning("plots skipped: %s", exc)
     breaches = summary["slo"]["breaches"] if summary["slo"] else []
@@ -152,45 +158,140 @@ def write_requests_csv(path: Path, session: Session) -> None:
             )
 
 
-def write_plots(directory: Path, steps: list[StepResult]) -> list[Path]:
+def _streams(n: int) -> str:
+    return f"{n} stream" + ("" if n == 1 else "s")
+
+
+def _plain(ax: Any, integer_y: bool = False, x: bool = True) -> None:
+    """Tick labels as plain numbers (no offset like "+2e1", no scientific notation) and few
+    enough of them that neighbours never overlap; integer ticks for counts."""
+    from matplotlib.ticker import MaxNLocator, ScalarFormatter
+
+    for axis in (ax.xaxis, ax.yaxis):
+        if axis.get_scale() != "linear":
+            continue
+        fmt = ScalarFormatter(useOffset=False)
+        fmt.set_scientific(False)
+        axis.set_major_formatter(fmt)
+    if x and ax.xaxis.get_scale() == "linear":
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=6))
+    ax.yaxis.set_major_locator(MaxNLocator(nbins=6, integer=integer_y))
+
+
+def _stream_axis(ax: Any, streams: list[int]) -> None:
+    """Concurrency on a log2 axis, labelled with the levels actually run (1, 2, 4, ... not 2^k)."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(streams))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel("concurrent streams")
+
+
+def _banner(steps: list[StepResult], incomplete: str | None) -> str:
+    """Red text above the plots for what the latency curves cannot show."""
+    lines = []
+    if incomplete:
+        lines.append(f"INCOMPLETE run, stopped early: {incomplete}")
+    failed: dict[str, int] = {}
+    for step in steps:
+        for reason, n in step.aggregate.failures.items():
+            failed[reason] = failed.get(reason, 0) + n
+    if failed:
+        ok = sum(len(s.aggregate.timings) for s in steps)
+        detail = ", ".join(f"{r} {n}" for r, n in sorted(failed.items(), key=lambda x: -x[1]))
+        lines.append(
+            f"{sum(failed.values())} requests FAILED ({detail}) against {ok} timed: "
+            "failures are not in the latency plots"
+        )
+    return "\n".join(lines)
+
+
+def write_plots(
+    directory: Path,
+    steps: list[StepResult],
+    slo: SLO | None = None,
+    incomplete: str | None = None,
+) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")  # files only; never open a window
     import matplotlib.pyplot as plt
 
+    from glmserve.streaming import percentile
+
+    limits = {"ttft": slo.ttft_ms, "tpot": slo.tpot_ms} if slo is not None else {}
+    banner = _banner(steps, incomplete)
     written = []
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
     for ax, key in zip(axes, ("ttft", "tpot", "itl"), strict=True):
+        drawn = False
+        every = [v for step in steps for v in step.latency_ms(key)]
+        # One set of bin edges for every step, so their histograms compare bar for bar.
+        lo, hi = (min(every), max(every)) if every else (0.0, 1.0)
+        edges = [lo + (hi - lo) * i / 50 for i in range(51)] if hi > lo else 50
         for step in steps:
             values = step.latency_ms(key)
+            ok, bad = len(step.aggregate.timings), sum(step.aggregate.failures.values())
+            label = f"{_streams(step.streams)}: {ok} ok" + (f", {bad} failed" if bad else "")
             if values:
-                ax.hist(values, bins=50, histtype="step", label=f"{step.streams} streams")
+                ax.hist(values, bins=edges, histtype="step", label=label)
+                drawn = True
+        if limits.get(key) is not None and drawn:
+            ax.axvline(limits[key], color="red", linestyle="--", label=f"SLO {limits[key]:g} ms")
         ax.set_title(f"{key.upper()} (ms)")
         ax.set_xlabel("ms")
         ax.set_ylabel("count")
-        if any(step.latency_ms(key) for step in steps):
+        if drawn:
+            _plain(ax, integer_y=True)
             ax.legend(fontsize="small")
+        else:
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.text(0.5, 0.5, "no completed request", ha="center", va="center",
+                    transform=ax.transAxes)  # fmt: skip
+    if banner:
+        fig.suptitle(banner, color="red", fontsize="medium")
     fig.tight_layout()
     written.append(directory / "latency_histograms.png")
     fig.savefig(written[-1], dpi=100)
     plt.close(fig)
 
     if len(steps) > 1:
-        from glmserve.streaming import percentile
-
         streams = [s.streams for s in steps]
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-        for q in (50, 90, 99):
-            ax1.plot(streams, [percentile(s.latency_ms("tpot"), q) for s in steps], "o-",
-                     label=f"p{q}")  # fmt: skip
-        ax1.set(title="TPOT vs concurrency", xlabel="concurrent streams", ylabel="TPOT (ms)")
-        ax1.set_xscale("log", base=2)
-        ax1.legend()
+        fig, ((ax_tpot, ax_ttft), (ax_tps, ax_req)) = plt.subplots(2, 2, figsize=(12, 8))
+        for ax, key, name in ((ax_tpot, "tpot", "TPOT"), (ax_ttft, "ttft", "TTFT")):
+            for q in (50, 90, 99):
+                ax.plot(streams, [percentile(s.latency_ms(key), q) for s in steps], "o-",
+                        label=f"p{q}")  # fmt: skip
+            if limits.get(key) is not None:
+                ax.axhline(limits[key], color="red", linestyle="--",
+                           label=f"SLO {limits[key]:g} ms (p{slo.percentile:g})")  # fmt: skip
+            ax.set(title=f"{name} vs concurrency", ylabel=f"{name} (ms)")
+            ax.set_ylim(bottom=0)
+            _stream_axis(ax, streams)
+            _plain(ax)
+            ax.legend(fontsize="small")
         tps = [s.aggregate.output_tokens_per_s(s.window_s) for s in steps]
-        ax2.plot(streams, tps, "o-")
-        ax2.set(title="output tok/s vs concurrency", xlabel="concurrent streams",
-                ylabel="output tokens / s")  # fmt: skip
-        ax2.set_xscale("log", base=2)
+        ax_tps.plot(streams, tps, "o-")
+        ax_tps.set(title="output tok/s vs concurrency", ylabel="output tokens / s")
+        ax_tps.set_ylim(bottom=0)
+        _stream_axis(ax_tps, streams)
+        _plain(ax_tps)
+        # Requests per step as bars at evenly spaced positions, ok and failed stacked: a step
+        # whose latencies look healthy but whose requests mostly failed shows here.
+        pos = list(range(len(steps)))
+        ok = [len(s.aggregate.timings) for s in steps]
+        bad = [sum(s.aggregate.failures.values()) for s in steps]
+        ax_req.bar(pos, ok, color="tab:green", label="timed")
+        ax_req.bar(pos, bad, bottom=ok, color="tab:red", label="failed")
+        ax_req.set_xticks(pos, [str(n) for n in streams])
+        ax_req.set(title="requests per step", xlabel="concurrent streams", ylabel="requests")
+        _plain(ax_req, integer_y=True, x=False)
+        ax_req.legend(fontsize="small")
+        if banner:
+            fig.suptitle(banner, color="red", fontsize="medium")
         fig.tight_layout()
         written.append(directory / "sweep.png")
         fig.savefig(written[-1], dpi=100)

@@ -28,6 +28,10 @@ class Session:
     collector: Collector = field(default_factory=Collector)
     server: dict[str, Any] | None = None
     started_at: float = field(default_factory=time.time)
+    # How the run ended when it did not run every step: set by the plugin ("SIGTERM") or from
+    # the shape's player (--run-time, or stopped before its end: Ctrl-C, a web-UI stop).
+    stopped_by: str | None = None
+    complete: bool = True
     _ids: itertools.count = field(default_factory=itertools.count)
 
     def next_stream_id(self) -> int:

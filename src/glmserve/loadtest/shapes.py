@@ -22,9 +22,11 @@ class DecodeShape(LoadTestShape):
         self.player: StagePlayer | None = None
         self.on_reset: Callable[[], None] | None = None
 
-    def configure(self, options: LoadTestOptions) -> StagePlayer:
+    def configure(self, options: LoadTestOptions, run_time_s: float | None = None) -> StagePlayer:
+        """`run_time_s`: Locust's -t/--run-time, which Locust itself applies only after a
+        shape has finished (so never): the player ends the run there instead."""
         stages = plan(options.shape, options.streams, options.warmup_s, options.measure_s)
-        self.player = StagePlayer(stages)
+        self.player = StagePlayer(stages, limit_s=run_time_s or None)
         return self.player
 
     def reset_time(self) -> None:

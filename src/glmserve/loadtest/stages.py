@@ -60,6 +60,23 @@ def ramp_rate(added: int, warmup_s: float) -> float:
     return max(added / (warmup_s / 2.0), 0.1)
 
 
+# A request refused at once (nothing listens any more, or a 5xx from an overloaded server)
+# returns in microseconds: without a pause every user would retry in a tight loop (thousands of
+# failed connects per second, a huge requests.csv, the CPU the live streams need). So each
+# consecutive quick failure waits twice as long as the one before, from 0.1 s up to 5 s; any
+# other outcome resets it.
+BACKOFF_REASONS = frozenset({"connect", "http_status"})
+BACKOFF_FIRST_S = 0.1
+BACKOFF_MAX_S = 5.0
+
+
+def backoff_s(consecutive: int) -> float:
+    """Pause after the `consecutive`-th quick failure in a row (0: none)."""
+    if consecutive <= 0:
+        return 0.0
+    return min(BACKOFF_FIRST_S * 2 ** (consecutive - 1), BACKOFF_MAX_S)
+
+
 def plan(shape: str, streams: int, warmup_s: float, measure_s: float) -> list[Stage]:
     measure = math.inf if measure_s == 0 else measure_s
     if shape == "single":
@@ -102,18 +119,28 @@ class StagePlayer:
     on_phase: Callable[[Tick, float], None] | None = None
     on_end: Callable[[float], None] | None = None
     wall: Callable[[], float] = time.time
+    # Locust's -t/--run-time: the run ends there even if steps remain (cut_short says so).
+    limit_s: float | None = None
+    finished: bool = False  # the run reached its end (every step, or the limit)
+    cut_short: bool = False  # ... and that end was the limit, with steps left
+    reached_last: bool = False  # the last step has begun
     _last: tuple[int, str] | None = field(default=None, repr=False)
 
     def reset(self) -> None:
         self._last = None
+        self.finished = self.cut_short = self.reached_last = False
 
     def tick(self, run_time: float) -> tuple[int, float] | None:
         current = tick_at(self.stages, run_time)
+        if current is not None and self.limit_s is not None and run_time >= self.limit_s:
+            current, self.cut_short = None, True
         if current is None:
+            self.finished = True
             if self._last is not None and self.on_end is not None:
                 self.on_end(self.wall())
             self._last = None
             return None
+        self.reached_last = self.reached_last or current.step == len(self.stages) - 1
         key = (current.step, current.phase)
         if key != self._last:
             self._last = key

@@ -22,6 +22,7 @@ from locust.contrib.fasthttp import LocustBadStatusCode
 
 from glmserve.loadtest.prompts import PromptSource
 from glmserve.loadtest.session import session_of
+from glmserve.loadtest.stages import BACKOFF_REASONS, backoff_s
 from glmserve.streaming import StreamError, StreamRequest, StreamTimer, StreamTiming
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ STATS_TYPE = "STREAM"
 STAT_NAMES = {"ack": "ack", "ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "e2e"}
 
 ITL_BATCH = 32
+
 
 # _read_available and _discard read geventhttpclient's response internals (_body_buffer,
 # message_complete, _sock, _pool, block_size, feed), which no release promises to keep; they are
@@ -152,6 +154,7 @@ class DecodeUser(FastHttpUser):
         self.prompts = PromptSource(
             opts.input_tokens, self.session.prompts, opts.seed, self.session.next_stream_id()
         )
+        self.quick_failures = 0  # consecutive connect/http_status failures (backoff_s)
 
     def _request(self) -> StreamRequest:
         opts = self.session.options
@@ -170,6 +173,7 @@ class DecodeUser(FastHttpUser):
         started_at = time.time()
         t0 = time.perf_counter()
         timer = StreamTimer(t0)
+        failed: StreamError | None = None
         with self.client.request(
             "POST",
             req.path,
@@ -181,15 +185,23 @@ class DecodeUser(FastHttpUser):
             try:
                 timing = read_stream(resp, timer, t0 + opts.request_timeout_s)
             except StreamError as err:
+                failed = err
                 elapsed = time.perf_counter() - t0
                 resp.request_meta["response_time"] = elapsed * 1e3
                 resp.failure(err.reason)
                 log.debug("stream failed: %s", err)
                 self.session.record_failure(started_at, started_at + elapsed, err.reason)
-                return
-            resp.request_meta["response_time"] = timing.e2e_s * 1e3
-            resp.request_meta["response_length"] = timing.output_tokens
-            resp.success()
+            else:
+                resp.request_meta["response_time"] = timing.e2e_s * 1e3
+                resp.request_meta["response_length"] = timing.output_tokens
+                resp.success()
+        if failed is not None:
+            quick = failed.reason in BACKOFF_REASONS
+            self.quick_failures = self.quick_failures + 1 if quick else 0
+            if self.quick_failures:
+                gevent.sleep(backoff_s(self.quick_failures))
+            return
+        self.quick_failures = 0
         self.session.record_success(started_at, timing)
         self._fire(timing)
 
