@@ -46,15 +46,49 @@ def write_build_info(path: str | os.PathLike[str], info: dict[str, str]) -> Path
             f"fp8_attention must be 'native' or 'gather', not {record['fp8_attention']!r}"
         )
     target = Path(path)
+    _write_json(target, record)
+    return target
+
+
+def _write_json(target: Path, record: dict[str, str]) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".build-info.")
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}.")
     # mkstemp creates 0600; the exporter reads this file as another user through a shared volume.
     os.fchmod(fd, 0o644)
     with os.fdopen(fd, "w") as fh:
         json.dump(record, fh, indent=2, sort_keys=True)
         fh.write("\n")
     os.replace(tmp, target)
+
+
+# The launcher's refusal, when it holds instead of exiting (GLMSERVE_HOLD_ON_ERROR, compose):
+# written beside the build info so the exporter, which sees that folder, can show it; removed
+# by the next start that passes its checks.
+LAUNCH_ERROR_NAME = "launch-error.json"
+
+
+def launch_error_path(build_info_path: str | os.PathLike[str]) -> Path:
+    return Path(build_info_path).with_name(LAUNCH_ERROR_NAME)
+
+
+def write_launch_error(build_info_path: str | os.PathLike[str], message: str, at: float) -> Path:
+    target = launch_error_path(build_info_path)
+    _write_json(target, {"error": message, "time": f"{at:.0f}"})
     return target
+
+
+def clear_launch_error(build_info_path: str | os.PathLike[str]) -> None:
+    launch_error_path(build_info_path).unlink(missing_ok=True)
+
+
+def read_launch_error(build_info_path: str | os.PathLike[str]) -> dict[str, str] | None:
+    try:
+        raw = json.loads(launch_error_path(build_info_path).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    if not isinstance(raw, dict) or not raw.get("error"):
+        return None
+    return {"error": str(raw["error"]), "time": str(raw.get("time", ""))}
 
 
 def read_build_info(path: str | os.PathLike[str]) -> dict[str, str] | None:

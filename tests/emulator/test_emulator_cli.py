@@ -61,7 +61,8 @@ def test_bad_flags_exit_2_with_one_line(args, needle):
         [sys.executable, "-m", "glmserve.emulator", *args], capture_output=True, text=True
     )
     assert r.returncode == 2
-    assert needle in r.stderr.strip().splitlines()[-1]
+    [line] = r.stderr.strip().splitlines()  # one line, no usage block
+    assert line.startswith("python -m glmserve.emulator: error: ") and needle in line
 
 
 def test_subprocess_serves_and_writes_build_info(tmp_path):

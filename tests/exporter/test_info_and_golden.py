@@ -214,3 +214,23 @@ def test_a_dsa_build_is_not_summarised_as_patched_even_with_the_server_down(tmp_
     text = generate_latest(registry).decode()
     assert 'summary="KV unknown, nsa attention, patch not in use"' in text
     assert 'attention_backend="nsa"' in text
+
+
+def test_a_launch_refusal_is_exported_and_replaces_the_summary(tmp_path):
+    """The launcher held on a refusal (compose): the exporter, which shares its folder, shows the
+    one line, so the dashboard says why nothing serves."""
+    path = tmp_path / "build-info.json"
+    buildinfo.write_launch_error(path, "unknown profile 'glm5-h100'; available: ...", 1.0)
+
+    def down(request):
+        raise httpx.ConnectError("refused", request=request)
+
+    registry = CollectorRegistry()
+    TargetInfoCollector(TARGET, httpx.Client(transport=httpx.MockTransport(down)), registry, path)
+    text = generate_latest(registry).decode()
+    assert (
+        "glmserve_launch_refused{error=\"unknown profile 'glm5-h100'; available: ...\"} 1.0" in text
+    )
+    assert "summary=\"LAUNCH REFUSED: unknown profile 'glm5-h100'; available: ...\"" in text
+    buildinfo.clear_launch_error(path)
+    assert "glmserve_launch_refused" not in generate_latest(registry).decode()

@@ -605,3 +605,54 @@ def test_a_batch_that_can_outgrow_the_cuda_graphs_is_warned_about(launch):
 def test_cuda_graph_warning_follows_the_final_argv(launch, extra, warned):
     report = dry(launch, ["--profile", RTX_PROFILE, *GLM_ARGS, "--", *extra])
     assert bool(report["warnings"]) is warned, report["warnings"]
+
+
+# ---------------------------------------------------------------- refusals under compose (hold)
+
+
+def _host_for_main(base_env, extra_env, waits):
+    from glmserve.launch import Host
+
+    return Host(
+        environ={**base_env, **extra_env},
+        sglang_site=lambda: Path("/fake/site-packages"),
+        detect_version=lambda _site: PINNED,
+        read_marker=lambda _site: {
+            "series": PINNED,
+            "sglang_version": PINNED,
+            "lock_sha256": "ab" * 32,
+        },
+        preflight=lambda _site: [],
+        gpus=lambda _env: gpus_like(RTX, 8),
+        driver_version=lambda: "580.95.05",
+        cuda_version=lambda _env: "13.0",
+        run_selftest=lambda _env: ("passed", "ok", ""),
+        execvpe=lambda *_a: None,
+        wait_for_stop=lambda: waits.append(1),
+        clock=lambda: 1700000000.0,
+    )
+
+
+def test_under_compose_a_refusal_is_recorded_and_waits_instead_of_restarting(base_env, capsys):
+    """GLMSERVE_HOLD_ON_ERROR=1 (compose): the one line, a record the exporter shows, and a wait
+    for docker stop; without it, the plain exit."""
+    from glmserve.launch import main
+
+    waits: list[int] = []
+    host = _host_for_main(base_env, {"GLMSERVE_HOLD_ON_ERROR": "1"}, waits)
+    assert main(["--profile", "glm5-h100"], host) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("glmserve.launch: error: unknown profile 'glm5-h100'")
+    assert "waiting, not restarting" in err[1] and waits == [1]
+    record = buildinfo.read_launch_error(base_env["GLMSERVE_BUILD_INFO"])
+    assert record == {
+        "error": err[0].removeprefix("glmserve.launch: error: "),
+        "time": "1700000000",
+    }
+    # A start that passes its checks clears it.
+    assert main(["--profile", RTX_PROFILE, *GLM_ARGS], host) == 0
+    assert buildinfo.read_launch_error(base_env["GLMSERVE_BUILD_INFO"]) is None
+    # Without the switch (a plain `docker run`, the smoke test): exit, no record, no wait.
+    waits.clear()
+    assert main(["--profile", "glm5-h100"], _host_for_main(base_env, {}, waits)) == 2
+    assert waits == [] and buildinfo.read_launch_error(base_env["GLMSERVE_BUILD_INFO"]) is None

@@ -82,3 +82,14 @@ def test_no_package_and_no_version(tmp_path):
         detect_version(tmp_path)
     with pytest.raises(PatchError, match="cannot determine the SGLang version"):
         detect_version(make(tmp_path / "x"))
+
+
+def test_the_package_dir_itself_gets_a_hint_to_pass_its_parent(tmp_path):
+    pkg = tmp_path / "site-packages" / "sglang"
+    (pkg / "srt").mkdir(parents=True)
+    with pytest.raises(PatchError) as err:
+        detect_version(pkg)
+    assert str(err.value) == (
+        f"no sglang/ package directory in {pkg}; {pkg} is the package itself: pass its parent, "
+        f"--target {pkg.parent}"
+    )

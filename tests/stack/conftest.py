@@ -96,7 +96,7 @@ def tools_image(ci_bases: dict[str, str], build_ca: None, stack_timings: Timings
     """The Dockerfile's `tools` stage, built through compose (as `docker compose build` does)."""
     with stack_timings.measure("tools image build"):
         run(
-            ["docker", "compose", "-f", "compose.yaml", "build", "emulator"],
+            ["docker", "compose", "-f", "compose.yaml", "build", "exporter"],
             env=compose_env(ci_bases, COMPOSE_PROFILES="emulated"),
             timeout=900,
         )

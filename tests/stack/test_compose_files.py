@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -113,13 +114,74 @@ def test_compose_config_rejects_a_broken_file(tmp_path: Path) -> None:
     assert proc.returncode != 0
 
 
-def test_grafana_admin_password_is_required(tmp_path: Path) -> None:
-    """No admin/admin: without a password compose refuses to render the file at all."""
+def _grafana_guard(services: dict) -> str:
+    entry = services["grafana"]["entrypoint"]
+    assert entry[:2] == ["/bin/sh", "-c"] and "/run.sh" in entry[2]
+    return entry[2].replace("$$", "$")  # compose's escape: the container sees one $
+
+
+def test_grafana_admin_password_is_required_by_grafana_not_by_compose(tmp_path: Path) -> None:
+    """No admin/admin, yet commands that start no Grafana (build, run, dry runs) need no
+    password: Grafana's entrypoint refuses with one line and waits (no restart loop)."""
     env = tmp_path / "empty.env"
     env.write_text("")
-    proc = compose_config("-q", env_file=env)
-    assert proc.returncode != 0
-    assert "GRAFANA_ADMIN_PASSWORD" in proc.stderr
+    assert compose_config("-q", env_file=env).returncode == 0
+    services = config_json(env, "emulated")["services"]
+    assert services["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"] == ""
+    guard = _grafana_guard(services).replace("/run.sh", "echo grafana-started")
+    # Without a password: the line, then waiting until docker stop (SIGTERM), exit 78.
+    proc = subprocess.Popen(["sh", "-c", guard, "grafana-guard"], env={"PATH": "/usr/bin:/bin"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    time.sleep(1.5)
+    assert proc.poll() is None  # waiting, not exited into a restart
+    proc.terminate()
+    out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 78 and "grafana-started" not in out
+    assert err.strip() == (
+        "grafana: GRAFANA_ADMIN_PASSWORD is not set (cp .env.example .env and set it); there is "
+        "no default admin password, so Grafana is not started"
+    )
+    ok = subprocess.run(["sh", "-c", guard, "grafana-guard"], capture_output=True, text=True,
+                        env={"PATH": "/usr/bin:/bin", "GF_SECURITY_ADMIN_PASSWORD": "s3cret"},
+                        timeout=10)  # fmt: skip
+    assert ok.returncode == 0 and ok.stdout.strip() == "grafana-started" and not ok.stderr
+
+
+def test_the_tools_image_is_built_once(tmp_path: Path) -> None:
+    """Only the exporter (in every stack) builds it; the emulator and Locust use its image."""
+    services = config_json(example_env(tmp_path), "emulated", "loadtest")["services"]
+    builders = [
+        n for n, svc in services.items() if "build" in svc and svc["build"]["target"] == "tools"
+    ]
+    assert builders == ["exporter"]
+    image = services["exporter"]["image"]
+    for name in ("emulator", "locust"):
+        assert services[name]["image"] == image and services[name]["pull_policy"] == "never"
+
+
+def test_offline_hosts_use_loaded_images_as_they_are(tmp_path: Path) -> None:
+    env = example_env(tmp_path, GLMSERVE_PULL_POLICY="never")
+    services = config_json(env, "gpu", "emulated")["services"]
+    assert services["exporter"]["pull_policy"] == services["sglang"]["pull_policy"] == "never"
+
+
+def test_the_launcher_service_dry_runs_without_gpus(tmp_path: Path) -> None:
+    """`docker compose run --rm launcher --dry-run`: no NVIDIA runtime needed for a dry run."""
+    services = config_json(example_env(tmp_path), "gpu", "launcher")["services"]
+    launcher, sglang = services["launcher"], services["sglang"]
+    assert "deploy" not in launcher or not launcher["deploy"]
+    assert launcher["image"] == sglang["image"] and launcher["profiles"] == ["launcher"]
+    assert launcher["environment"]["GLMSERVE_HOLD_ON_ERROR"] == "0"
+    assert launcher["environment"]["GLMSERVE_PROFILE"] == sglang["environment"]["GLMSERVE_PROFILE"]
+    assert [v["target"] for v in launcher["volumes"]] == ["/model"]
+    assert sglang["environment"]["GLMSERVE_HOLD_ON_ERROR"] == "1"
+
+
+def test_locust_records_the_server_build_info(tmp_path: Path) -> None:
+    locust = config_json(example_env(tmp_path), "loadtest", "emulated")["services"]["locust"]
+    mount = next(v for v in locust["volumes"] if v["target"] == "/run/glmserve")
+    assert mount["source"] == "build-info" and mount["read_only"] is True
+    assert locust["environment"]["GLMSERVE_BUILD_INFO"] == "/run/glmserve/build-info.json"
 
 
 def test_default_profile_from_env_example_is_the_real_server(tmp_path: Path) -> None:
@@ -148,7 +210,8 @@ def test_the_smoke_service_is_the_server_with_the_smoke_entrypoint(tmp_path: Pat
     assert smoke["entrypoint"] == ["python3", "-m", "glmserve.smoke"]
     assert smoke["profiles"] == ["smoke"] and smoke["restart"] == "no"
     assert smoke["image"] == sglang["image"] and smoke["deploy"] == sglang["deploy"]
-    assert smoke["environment"] == sglang["environment"]
+    # The same settings, but a refusal exits (the smoke test reports it) instead of waiting.
+    assert smoke["environment"] == {**sglang["environment"], "GLMSERVE_HOLD_ON_ERROR": "0"}
     assert smoke["ipc"] == "host" and smoke["ulimits"] == sglang["ulimits"]
     volumes = {v["target"]: v for v in smoke["volumes"]}
     assert volumes["/model"]["read_only"] is True and volumes["/model"]["source"] == next(
@@ -182,8 +245,8 @@ def test_every_service_uses_host_network_and_pinned_images(tmp_path: Path) -> No
         image = svc["image"]
         assert ":" in image.rsplit("/", 1)[-1] and not image.endswith(":latest"), (name, image)
         if "build" in svc:
-            assert svc.get("pull_policy") == "build", name
-        else:
+            assert svc.get("pull_policy") == "build", name  # GLMSERVE_PULL_POLICY's default
+        elif svc.get("pull_policy") != "never":  # our tools image, built by the exporter
             assert "@sha256:" in image, f"{name}: third-party image not pinned by digest"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from glmserve.emulator.costmodel import GATHER_BYTES_PER_S, GLM5_LAYERS, MODES, DecodeCostModel
 
@@ -97,8 +98,14 @@ class EmulatorConfig:
         return "on" if self.cost_model.mode == "patched" else "off"
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, like the launcher and the exporter (argparse prints its usage block first).
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="python -m glmserve.emulator",
         description="SGLang 0.5.12.post1 protocol emulator with controlled timing "
         "(a test instrument, not a serving engine).",

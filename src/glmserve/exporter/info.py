@@ -180,6 +180,11 @@ class TargetInfoCollector(Collector):
             log.warning("build info %s unreadable: %s", self.build_info_file, exc)
             return None
 
+    def read_launch_error(self) -> dict[str, str] | None:
+        if not self.build_info_file:
+            return None
+        return buildinfo.read_launch_error(self.build_info_file)
+
     def collect(self) -> Iterator[Metric]:
         body = self.probe()
         with self._lock:
@@ -205,8 +210,20 @@ class TargetInfoCollector(Collector):
         yield counter
         for key, value in limits.items():  # kept while the target is down, like the info
             yield GaugeMetricFamily(f"glmserve_server_{key}", LIMITS[key], value=value)
+        refused = self.read_launch_error()
+        if refused is not None:
+            # The launcher refused to start and waits (GLMSERVE_HOLD_ON_ERROR): its one line,
+            # where the operator looks, instead of a container that only says "restarting".
+            gauge = GaugeMetricFamily(
+                "glmserve_launch_refused",
+                "1 while the launcher refuses to start the server; the error label is its "
+                "one-line reason (docker compose logs sglang has the same line).",
+                labels=["error"],
+            )
+            gauge.add_metric([refused["error"][:500]], 1.0)
+            yield gauge
         build = self.read_build()
-        if server is None and build is None:
+        if server is None and build is None and refused is None:
             return  # nothing known yet: no info series rather than a row of empty labels
         labels = dict.fromkeys(INFO_LABELS, "")
         if server:
@@ -220,6 +237,8 @@ class TargetInfoCollector(Collector):
                 if not labels[key]:
                     labels[key] = build.get(key, "")
         labels["summary"] = summarize(labels, build is not None)
+        if refused is not None:
+            labels["summary"] = f"LAUNCH REFUSED: {refused['error'][:200]}"
         info = InfoMetricFamily(
             "glmserve_server",
             "What the target is: SGLang version, KV dtype, backend, TP, pool size, patch series.",

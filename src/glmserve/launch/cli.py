@@ -367,6 +367,7 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
             # The gather path has just been proven bit-identical; serve on it rather than not.
             plan.env[checks.FP8_ATTENTION] = "gather"
             print(f"{PROG}: serving with {checks.FP8_ATTENTION}=gather instead", file=err)
+    buildinfo.clear_launch_error(inputs.build_info)  # a previous refusal no longer holds
     buildinfo.write_build_info(
         inputs.build_info,
         {
@@ -389,9 +390,38 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
     return 0  # only reached when execvpe is a test double
 
 
+HOLD_ENV = "GLMSERVE_HOLD_ON_ERROR"
+
+
 def main(argv: Sequence[str] | None = None, host: Host | None = None) -> int:
+    host = host or Host()
     try:
-        return run(sys.argv[1:] if argv is None else argv, host or Host())
+        return run(sys.argv[1:] if argv is None else argv, host)
     except LaunchError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
+        if hold_requested(host.environ):
+            hold(host, str(exc))
         return 2
+
+
+def hold_requested(environ: Mapping[str, str]) -> bool:
+    return environ.get(HOLD_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def hold(host: Host, message: str) -> None:
+    """Compose restarts a container that exits; a refusal would then repeat every few seconds
+    and show only as "restarting". Instead: record the one line beside the build info (the
+    exporter shows it: glmserve_launch_refused, the dashboard's status panel, an alert) and
+    wait for docker stop. Fixing .env and `docker compose up -d` replaces the container."""
+    target = _pick(None, host.environ, "build_info") or buildinfo.DEFAULT_PATH
+    try:
+        buildinfo.write_launch_error(target, message, host.clock())
+    except OSError as exc:  # the refusal itself may be an unwritable build-info dir
+        print(f"{PROG}: (could not record the refusal in {target}: {exc})", file=sys.stderr)
+    print(
+        f"{PROG}: waiting, not restarting: fix the setting and run `docker compose up -d` "
+        f"({HOLD_ENV}=1)",
+        file=sys.stderr,
+        flush=True,
+    )
+    host.wait_for_stop()

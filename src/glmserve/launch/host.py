@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,6 +72,18 @@ def run_selftest(env: Mapping[str, str]) -> tuple[str, str, str]:
     return str(report.status), str(report.detail), str(report.native)
 
 
+def wait_for_stop() -> None:
+    """Block until SIGTERM or SIGINT (docker stop, Ctrl-C)."""
+    import signal
+    import threading
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(3600):
+        pass
+
+
 def _exec(file: str, argv: list[str], env: Mapping[str, str]) -> NoReturn:
     os.execvpe(file, argv, dict(env))
 
@@ -87,3 +100,5 @@ class Host:
     preflight: Callable[[Path], list[str]] = preflight
     run_selftest: Callable[[Mapping[str, str]], tuple[str, str, str]] = run_selftest
     execvpe: Callable[[str, list[str], Mapping[str, str]], Any] = _exec
+    wait_for_stop: Callable[[], None] = wait_for_stop
+    clock: Callable[[], float] = time.time

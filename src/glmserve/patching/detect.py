@@ -58,7 +58,11 @@ def detect_version(site: str | Path) -> str:
     """
     site = Path(site)
     if not (site / "sglang").is_dir():
-        raise PatchError(f"no sglang/ package directory in {site}")
+        hint = ""
+        if site.name == "sglang" and (site / "srt").is_dir():
+            # The package itself was given (an easy slip when copying a path from a traceback).
+            hint = f"; {site} is the package itself: pass its parent, --target {site.parent}"
+        raise PatchError(f"no sglang/ package directory in {site}{hint}")
     meta = _metadata_versions(site)
     distinct = sorted(set(meta.values()))
     if len(distinct) > 1:

@@ -113,7 +113,8 @@ def launcher_command(
         if value:
             argv += [flag, str(value)]
     argv += ["--", *variant.args]
-    env = {**os.environ, **variant.env}
+    # A refusing variant must exit (and be reported), not wait as the compose service does.
+    env = {**os.environ, **variant.env, "GLMSERVE_HOLD_ON_ERROR": "0"}
     return argv, env
 
 
