@@ -1,0 +1,110 @@
+"""Our router argv against the pinned sglang-router's own argument parser and validation.
+
+The router is imported only for its parser (RouterArgs), never started here: a renamed flag,
+an illegal value or an argv the release would reject fails in CI, not at `compose up`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+
+import pytest
+
+from glmserve.fleet.router import (
+    POLICIES,
+    ROUTER_VERSION,
+    FleetError,
+    RouterConfig,
+    check_worker_url,
+    router_argv,
+)
+
+router_args = pytest.importorskip("sglang_router.router_args", reason="pip install '.[router]'")
+
+WORKERS = ["http://127.0.0.1:30001", "http://127.0.0.1:30002", "http://10.0.0.7:30000"]
+
+
+def parse(argv: list[str]) -> router_args.RouterArgs:
+    """What `python -m sglang_router.launch_router ARGV` builds before it starts."""
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    router_args.RouterArgs.add_cli_args(parser, use_router_prefix=False)
+    args = router_args.RouterArgs.from_cli_args(parser.parse_args(argv), use_router_prefix=False)
+    args._validate_router_args()
+    return args
+
+
+def test_the_installed_router_is_the_pinned_one():
+    assert importlib.metadata.version("sglang-router") == ROUTER_VERSION
+
+
+def test_the_release_defaults_are_why_we_override_them():
+    """Guards the guard: if the release ever defaults to loopback, the comments in router.py
+    (and docs/fleet.md) are stale."""
+    defaults = parse([])
+    assert defaults.host == "0.0.0.0"
+    assert defaults.health_check_interval_secs == 60
+    assert defaults.shutdown_grace_period_secs == 180
+
+
+def test_our_argv_parses_to_what_we_asked_for():
+    cfg = RouterConfig(policy="round_robin", port=31000, metrics_port=31009)
+    argv = router_argv(cfg, WORKERS, "python3")
+    assert argv[:3] == ["python3", "-m", "sglang_router.launch_router"]
+    got = parse(argv[3:])
+    assert got.worker_urls == WORKERS
+    assert (got.host, got.port) == ("127.0.0.1", 31000)
+    assert (got.prometheus_host, got.prometheus_port) == ("127.0.0.1", 31009)
+    assert got.policy == "round_robin"
+    assert got.health_check_interval_secs == cfg.health_check_interval_s
+    assert got.health_failure_threshold == cfg.health_failure_threshold
+    assert got.cb_failure_threshold == cfg.cb_failure_threshold
+    assert got.cb_timeout_duration_secs == cfg.cb_timeout_s
+    assert got.shutdown_grace_period_secs == cfg.shutdown_grace_period_s
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_we_offer_exists_in_the_release(policy):
+    assert parse(router_argv(RouterConfig(policy=policy), WORKERS, "py")[3:]).policy == policy
+
+
+def test_extra_args_reach_the_router_before_the_worker_list():
+    cfg = RouterConfig(extra_args=("--retry-max-retries", "2"))
+    got = parse(router_argv(cfg, WORKERS[:1], "py")[3:])
+    assert got.retry_max_retries == 2
+    assert got.worker_urls == WORKERS[:1]
+
+
+def test_the_parser_rejects_what_it_should():
+    """The check can fail: a typo'd flag and a bad choice are refused by the real parser."""
+    with pytest.raises(argparse.ArgumentError):
+        parse(["--policy", "cache-aware"])
+    with pytest.raises((argparse.ArgumentError, SystemExit)):
+        parse(["--no-such-router-flag"])
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("127.0.0.1:30000", "http://HOST:PORT"),
+        ("http://127.0.0.1", "explicit port"),
+        ("http://127.0.0.1:30000/v1", "path"),
+        ("http://127.0.0.1:99999", "invalid port"),
+        ("ftp://127.0.0.1:21", "http://HOST:PORT"),
+    ],
+)
+def test_bad_worker_urls_are_refused_in_one_line(url, why):
+    with pytest.raises(FleetError, match=why) as info:
+        check_worker_url(url)
+    assert "\n" not in str(info.value)
+
+
+def test_router_config_refusals():
+    with pytest.raises(FleetError, match="policy"):
+        RouterConfig(policy="least_loaded")
+    with pytest.raises(FleetError, match="share"):
+        RouterConfig(port=30000, metrics_port=30000)
+    with pytest.raises(FleetError, match="at least one"):
+        router_argv(RouterConfig(), [], "py")
+    with pytest.raises(FleetError, match="twice"):
+        router_argv(RouterConfig(), [WORKERS[0], WORKERS[0] + "/"], "py")
