@@ -17,12 +17,14 @@ from support.launch import (
     H200,
     PINNED,
     PROFILE_NAMES,
+    PROFILES_DIR,
     RTX,
     TINY_MODEL,
     gpus_like,
 )
 
 from glmserve import buildinfo
+from glmserve.launch import load_profile
 from glmserve.launch.inventory import Gpu
 
 RTX_PROFILE = "glm5-nvfp4-rtxpro6000-tp8"
@@ -162,6 +164,8 @@ def test_dry_run_tiny_profiles_default_to_the_shipped_model(launch, profile):
 def test_every_profile_dry_runs_against_its_model(launch, profile):
     """The image check runs exactly this for every profile; it must pass for all of them."""
     model = [] if profile.startswith("tiny") else GLM_ARGS
+    if load_profile(PROFILES_DIR, profile).nodes > 1:  # refuses to plan without its rank
+        model = [*model, "--node-rank", "0", "--dist-init-addr", "10.0.0.1:5000"]
     report = dry(launch, ["--profile", profile, *model])
     assert report["profile"] == profile
     assert report["argv"][1:3] == ["-m", "sglang.launch_server"]
@@ -171,13 +175,13 @@ def test_inputs_come_from_env_and_cli_wins(launch):
     env = {
         "GLMSERVE_PROFILE": RTX_PROFILE,
         "GLMSERVE_MODEL_PATH": str(GLM_FIXTURE),
-        "GLMSERVE_TP": "4",
+        "GLMSERVE_TP": "16",
         "GLMSERVE_HOST": "0.0.0.0",
         "GLMSERVE_PORT": "31000",
     }
     report = dry(launch, ["--port", "32000"], env=env)
     argv = report["argv"]
-    assert argv[argv.index("--tp-size") + 1] == "4"
+    assert argv[argv.index("--tp-size") + 1] == "16"
     assert argv[argv.index("--host") + 1] == "0.0.0.0"
     assert argv[argv.index("--port") + 1] == "32000"
 

@@ -238,9 +238,18 @@ def test_the_flags_the_launcher_adds_exist(specs):
     assert check_argv(argv, specs) == []
 
 
+def test_the_multi_node_flags_the_launcher_adds_exist_with_their_types(specs):
+    """SGLang's own multi-node TP: --nnodes / --node-rank are ints, --dist-init-addr a string."""
+    argv = ["--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "10.0.0.1:5000"]
+    assert check_argv(argv, specs) == []
+    assert specs["--nnodes"].type_name == "int" and specs["--node-rank"].type_name == "int"
+    assert check_argv(["--nnodes", "two"], specs) == ["--nnodes 'two' is not int"]
+
+
 def test_every_alias_of_a_launcher_owned_flag_is_blocked(specs):
     """If SGLang accepted --tp as well as --tp-size, an extra arg could bypass the TP check."""
-    for flag in ("--model-path", "--tp-size", "--host", "--port"):
+    for flag in ("--model-path", "--tp-size", "--host", "--port", "--nnodes", "--node-rank",
+                 "--dist-init-addr"):  # fmt: skip
         assert set(specs[flag].options) <= set(LAUNCHER_OWNED_FLAGS), specs[flag].options
 
 

@@ -97,6 +97,8 @@ def test_launcher_dry_run_in_the_image(server_image: str, profile: str) -> None:
     if data["model"].get("default_path") is None:
         mounts[FAKE_GLM5] = "/model"
         args += ["--model-path", "/model"]
+    if data.get("nodes", 1) > 1:  # a multi-node profile refuses to plan without its rank
+        args += ["--node-rank", "0", "--dist-init-addr", "10.0.0.1:5000"]
     proc = docker_run(server_image, *args, mounts=mounts)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)

@@ -17,7 +17,20 @@ from glmserve.patching.selftest import MIN_E4M3_CAPABILITY, capability_note
 ALLOW_ANY_ARCH_HINT = "--allow-any-arch (or GLMSERVE_ALLOW_ANY_ARCH=1)"
 
 
-def check_gpus(profile: Profile, tp: int, gpus: Sequence[Gpu], allow_any_arch: bool) -> None:
+def check_gpus(
+    profile: Profile, tp: int, gpus: Sequence[Gpu], allow_any_arch: bool, nnodes: int = 1
+) -> None:
+    if nnodes > 1:
+        # SGLang puts tp/nnodes ranks on each node, on the first visible GPUs. More visible
+        # GPUs than that is almost always a wrong --tp or --nnodes, not a wish to idle some.
+        local = tp // nnodes
+        if len(gpus) != local:
+            raise LaunchError(
+                f"TP {tp} over {nnodes} nodes runs {local} GPUs on each node, but {len(gpus)} "
+                f"are visible here ({nnodes} x {len(gpus)} = {nnodes * len(gpus)} != TP {tp}); "
+                "fix --tp or --nnodes, or expose exactly that many (CUDA_VISIBLE_DEVICES)"
+            )
+        tp = local
     if len(gpus) < tp:
         found = ", ".join(f"{g.index}:{g.name}" for g in gpus) or "none"
         raise LaunchError(

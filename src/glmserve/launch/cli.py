@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from glmserve import buildinfo
-from glmserve.launch import checks
+from glmserve.launch import checks, fit
 from glmserve.launch.errors import LaunchError
 from glmserve.launch.host import Host
 from glmserve.launch.profiles import (
@@ -42,6 +42,9 @@ ENV_INPUTS = {
     "profile": "GLMSERVE_PROFILE",
     "model_path": "GLMSERVE_MODEL_PATH",
     "tp": "GLMSERVE_TP",
+    "nnodes": "GLMSERVE_NNODES",
+    "node_rank": "GLMSERVE_NODE_RANK",
+    "dist_init_addr": "GLMSERVE_DIST_INIT_ADDR",
     "host": "GLMSERVE_HOST",
     "port": "GLMSERVE_PORT",
     "profiles_dir": PROFILES_DIR_ENV,
@@ -67,6 +70,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", help="profile name (a file in the profiles dir, without .json)")
     p.add_argument("--model-path", help="local model directory (default: the profile's, if any)")
     p.add_argument("--tp", help="tensor-parallel size (default: the profile's)")
+    p.add_argument("--nnodes", help="nodes one server spans (default: the profile's)")
+    p.add_argument("--node-rank", help="this node's rank, 0 = the one serving HTTP (multi-node)")
+    p.add_argument(
+        "--dist-init-addr", help="HOST:PORT of rank 0 for torch.distributed (multi-node)"
+    )
     p.add_argument("--host", help=f"bind address (default {DEFAULT_HOST})")
     p.add_argument("--port", help=f"HTTP port (default {DEFAULT_PORT})")
     p.add_argument("--profiles-dir", help="folder holding the *.json profiles")
@@ -105,6 +113,9 @@ class Inputs:
     profile: str
     model_path: Path
     tp: int
+    nnodes: int
+    node_rank: int | None
+    dist_init_addr: str | None
     host: str
     port: int
     extra_args: tuple[str, ...]
@@ -121,6 +132,7 @@ class Plan:
     env: dict[str, str]  # the full environment SGLang is started with
     managed: dict[str, str]  # the profile's variables, final values
     sources: dict[str, str]  # for each managed variable: "profile" or "environment"
+    model_config: dict[str, Any]
 
 
 def split_passthrough(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -197,6 +209,7 @@ def resolve_inputs(
         )
     tp_raw = _pick(ns.tp, environ, "tp")
     tp = _int("TP", tp_raw, 1, 1024) if tp_raw is not None else profile.tp
+    nnodes, node_rank, dist_init_addr = _resolve_nodes(ns, environ, profile, tp)
     host = _pick(ns.host, environ, "host") or DEFAULT_HOST
     port_raw = _pick(ns.port, environ, "port")
     port = _int("port", port_raw, 1, 65535) if port_raw is not None else DEFAULT_PORT
@@ -213,6 +226,9 @@ def resolve_inputs(
         profile=profile.name,
         model_path=model_path,
         tp=tp,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        dist_init_addr=dist_init_addr,
         host=host,
         port=port,
         extra_args=tuple(extra),
@@ -222,7 +238,52 @@ def resolve_inputs(
     )
 
 
-def build_plan(profile: Profile, inputs: Inputs, environ: Mapping[str, str], python: str) -> Plan:
+def _resolve_nodes(
+    ns: argparse.Namespace, environ: Mapping[str, str], profile: Profile, tp: int
+) -> tuple[int, int | None, str | None]:
+    """(nnodes, node rank, rank-0 address); multi-node needs both of the latter, and TP must
+    split evenly over the nodes (SGLang asserts tp % nnodes == 0 only after loading starts)."""
+    raw = _pick(ns.nnodes, environ, "nnodes")
+    nnodes = _int("nnodes", raw, 1, 1024) if raw is not None else profile.nodes
+    rank_raw = _pick(ns.node_rank, environ, "node_rank")
+    addr = _pick(ns.dist_init_addr, environ, "dist_init_addr")
+    if nnodes == 1:
+        if rank_raw is not None or addr is not None:
+            raise LaunchError(
+                "--node-rank and --dist-init-addr are for a server that spans several nodes; "
+                f"profile '{profile.name}' runs on one (set --nnodes to use more)"
+            )
+        return 1, None, None
+    if tp % nnodes:
+        raise LaunchError(f"TP {tp} does not split evenly over {nnodes} nodes")
+    if rank_raw is None:
+        raise LaunchError(
+            f"a server over {nnodes} nodes needs this node's rank: --node-rank (or "
+            f"{ENV_INPUTS['node_rank']}) 0 on the node that serves HTTP, 1..{nnodes - 1} on the others"
+        )
+    rank = _int("node rank", rank_raw, 0, nnodes - 1)
+    if addr is None:
+        raise LaunchError(
+            f"a server over {nnodes} nodes needs rank 0's address: --dist-init-addr HOST:PORT "
+            f"(or {ENV_INPUTS['dist_init_addr']}), the same on every node"
+        )
+    host, _, port = addr.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise LaunchError(f"--dist-init-addr must be HOST:PORT, not {addr!r}")
+    return nnodes, rank, addr
+
+
+def build_plan(
+    profile: Profile,
+    inputs: Inputs,
+    environ: Mapping[str, str],
+    python: str,
+    model_config: dict[str, Any] | None = None,
+) -> Plan:
+    nodes = []
+    if inputs.nnodes > 1:
+        nodes = ["--nnodes", str(inputs.nnodes), "--node-rank", str(inputs.node_rank)]
+        nodes += ["--dist-init-addr", str(inputs.dist_init_addr)]
     argv = [
         python,
         "-m",
@@ -235,6 +296,7 @@ def build_plan(profile: Profile, inputs: Inputs, environ: Mapping[str, str], pyt
         inputs.host,
         "--port",
         str(inputs.port),
+        *nodes,
         *profile.args,
         # Last, so that for SGLang's store-type options the user's value wins (argparse keeps the
         # last occurrence); store_true flags cannot be undone this way, see docs/launch.md.
@@ -251,15 +313,47 @@ def build_plan(profile: Profile, inputs: Inputs, environ: Mapping[str, str], pyt
             managed[key], sources[key] = value, "profile"
     env = dict(environ)
     env.update(managed)
-    return Plan(profile, inputs, argv, env, managed, sources)
+    return Plan(profile, inputs, argv, env, managed, sources, dict(model_config or {}))
 
 
-def _report(plan: Plan, sglang: dict[str, Any], gpus: str, warnings: list[str]) -> dict[str, Any]:
+def _fit(plan: Plan, gpus: Sequence[Any] | None) -> fit.Fit | None:
+    """The fit check for a profile that names its GPU memory, with the probed memory when the
+    GPUs were probed and report it, else the profile's nominal value. Refuses when it fails."""
+    profile, inputs = plan.profile, plan.inputs
+    if profile.gpu_memory_gib is None:
+        return None
+    used = list(gpus or [])[: inputs.tp // inputs.nnodes]
+    probed = [g.memory_mib for g in used if g.memory_mib]
+    if probed and len(probed) == len(used):
+        memory, where = min(probed) * fit.MIB, f"the GPUs here ({min(probed) / 1024:.1f} GiB each)"
+    else:
+        memory = int(profile.gpu_memory_gib * fit.GIB)
+        where = f"{inputs.tp} GPUs of {profile.gpu_memory_gib:g} GiB (the profile's target)"
+    result = fit.compute_fit(
+        plan.model_config,
+        quant_algo=profile.model.quant_algo,
+        tp=inputs.tp,
+        gpu_memory=memory,
+        argv=plan.argv,
+    )
+    fit.check_fit(result, profile.name, where)
+    return result
+
+
+def _report(
+    plan: Plan,
+    sglang: dict[str, Any],
+    gpus: str,
+    warnings: list[str],
+    fitted: fit.Fit | None,
+) -> dict[str, Any]:
     return {
         "profile": plan.profile.name,
         "profile_file": str(plan.profile.path),
         "model_path": str(plan.inputs.model_path),
         "tp": plan.inputs.tp,
+        "nnodes": plan.inputs.nnodes,
+        "fit": None if fitted is None else fitted.as_dict(),
         "argv": plan.argv,
         # Only the variables the profile manages (plus the patch switch): the full environment
         # may hold tokens and must not be echoed into CI logs.
@@ -290,10 +384,10 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
         raise LaunchError(f"no profile given (--profile or GLMSERVE_PROFILE); available: {listing}")
     profile = load_profile(profiles_dir, name)
     inputs = resolve_inputs(ns, extra_cli, profile, environ)
-    plan = build_plan(profile, inputs, environ, sys.executable)
 
     # --- validation: nothing has started yet ---
-    checks.check_model(profile, inputs.model_path)
+    model_config = checks.check_model(profile, inputs.model_path)
+    plan = build_plan(profile, inputs, environ, sys.executable, model_config)
     backend = decode_attention_backend(plan.argv)
     patched_path = uses_patched_path(plan.argv)
     site = host.sglang_site()
@@ -322,22 +416,26 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
     }
     warnings = [w for w in [checks.cuda_graph_warning(plan.argv)] if w]
     if ns.dry_run:
-        json.dump(_report(plan, sglang_info, "not probed (--dry-run)", warnings), out, indent=2)
+        fitted = _fit(plan, None)
+        report = _report(plan, sglang_info, "not probed (--dry-run)", warnings, fitted)
+        json.dump(report, out, indent=2)
         out.write("\n")
         return 0
 
     # The driver first: with one too old for the image's CUDA, torch reports no GPUs at all.
     checks.check_driver(host.driver_version(), host.cuda_version(environ))
     gpus = host.gpus(environ)
-    checks.check_gpus(profile, inputs.tp, gpus, inputs.allow_any_arch)
-    gpu_line = ", ".join(f"{g.index}:{g.name} (sm {g.capability_str})" for g in gpus[: inputs.tp])
+    checks.check_gpus(profile, inputs.tp, gpus, inputs.allow_any_arch, inputs.nnodes)
+    local = inputs.tp // inputs.nnodes
+    gpu_line = ", ".join(f"{g.index}:{g.name} (sm {g.capability_str})" for g in gpus[:local])
+    fitted = _fit(plan, gpus)
     # The patched SGLang turns the gather off by itself on such GPUs: say so, record what runs.
-    unsupported = checks.fp8_gather_unsupported(gpus[: inputs.tp]) if fp8_gather == "on" else None
+    unsupported = checks.fp8_gather_unsupported(gpus[:local]) if fp8_gather == "on" else None
     if unsupported is not None:
         print(f"{PROG}: {unsupported}", file=err)
         fp8_gather = sglang_info["fp8_gather"] = "off"
     if ns.check:
-        json.dump(_report(plan, sglang_info, gpu_line, warnings), out, indent=2)
+        json.dump(_report(plan, sglang_info, gpu_line, warnings, fitted), out, indent=2)
         out.write("\n")
         return 0
     checks.check_build_info_target(inputs.build_info)

@@ -14,7 +14,10 @@ from dataclasses import dataclass
 
 from glmserve.launch.errors import LaunchError
 
-NVIDIA_SMI_QUERY = ["--query-gpu=index,uuid,name,compute_cap", "--format=csv,noheader"]
+NVIDIA_SMI_QUERY = [
+    "--query-gpu=index,uuid,name,compute_cap,memory.total",
+    "--format=csv,noheader,nounits",
+]
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,7 @@ class Gpu:
     name: str
     capability: tuple[int, int]
     uuid: str = ""
+    memory_mib: int | None = None  # total memory; None when the source does not say
 
     @property
     def capability_str(self) -> str:
@@ -44,6 +48,7 @@ def detect_gpus(environ: Mapping[str, str]) -> list[Gpu]:
             index=i,
             name=torch.cuda.get_device_name(i),
             capability=tuple(torch.cuda.get_device_capability(i)),  # type: ignore[arg-type]
+            memory_mib=torch.cuda.get_device_properties(i).total_memory // 2**20,
         )
         for i in range(torch.cuda.device_count())
     ]
@@ -65,19 +70,32 @@ def _from_nvidia_smi(environ: Mapping[str, str]) -> list[Gpu]:
 
 
 def parse_nvidia_smi(text: str) -> list[Gpu]:
-    """Parse `nvidia-smi --query-gpu=index,uuid,name,compute_cap --format=csv,noheader`."""
+    """Parse `nvidia-smi --query-gpu=index,uuid,name,compute_cap[,memory.total] --format=csv,
+    noheader,nounits`. A name may itself hold commas; memory (MiB) is the one integer field after
+    the capability, which always has a dot."""
     gpus = []
     for line in text.splitlines():
         if not line.strip():
             continue
         parts = [p.strip() for p in line.split(",")]
+        memory = None
+        if len(parts) >= 5 and parts[-1].isdigit():
+            memory = int(parts.pop())
         if len(parts) < 4:
             raise LaunchError(f"cannot parse nvidia-smi output line: {line!r}")
         index, uuid, cap = parts[0], parts[1], parts[-1]
         name = ", ".join(parts[2:-1])
         try:
             major, minor = (int(x) for x in cap.split("."))
-            gpus.append(Gpu(index=int(index), name=name, capability=(major, minor), uuid=uuid))
+            gpus.append(
+                Gpu(
+                    index=int(index),
+                    name=name,
+                    capability=(major, minor),
+                    uuid=uuid,
+                    memory_mib=memory,
+                )
+            )
         except ValueError:
             raise LaunchError(f"cannot parse nvidia-smi output line: {line!r}") from None
     return gpus

@@ -28,6 +28,11 @@ LAUNCHER_OWNED_FLAGS = (
     "--tp",
     "--host",
     "--port",
+    # Multi-node TP: validated against the profile's node count and the visible GPUs.
+    "--nnodes",
+    "--node-rank",
+    "--dist-init-addr",
+    "--nccl-init-addr",
 )
 
 # With no explicit list a profile is for Blackwell only: SM100 (B200/B300) or SM120 (RTX PRO 6000).
@@ -39,6 +44,8 @@ _TOP_KEYS = {
     "description",
     "sglang_version",
     "tp",
+    "nodes",
+    "gpu_memory_gib",
     "compute_capability_majors",
     "model",
     "args",
@@ -73,6 +80,11 @@ class Profile:
     args: tuple[str, ...]
     env: dict[str, str]
     notes: dict[str, str]
+    # How many nodes one server spans (SGLang's --nnodes); TP is split evenly over them.
+    nodes: int = 1
+    # Usable memory of one target GPU: with it the launcher checks that the model fits with KV
+    # headroom (glmserve.launch.fit), from this nominal value when GPUs are not probed.
+    gpu_memory_gib: float | None = None
 
 
 def candidate_dirs(environ: Mapping[str, str], explicit: str | None) -> list[Path]:
@@ -140,6 +152,17 @@ def _parse(raw: Any, path: Path) -> Profile:
     if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
         raise _fail(path, f"'tp' must be a positive integer, not {tp!r}")
 
+    nodes = raw.get("nodes", 1)
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+        raise _fail(path, f"'nodes' must be a positive integer, not {nodes!r}")
+    if tp % nodes:
+        raise _fail(path, f"'tp' {tp} does not split evenly over {nodes} nodes")
+    memory = raw.get("gpu_memory_gib")
+    if memory is not None and (
+        not isinstance(memory, (int, float)) or isinstance(memory, bool) or memory <= 0
+    ):
+        raise _fail(path, f"'gpu_memory_gib' must be a positive number, not {memory!r}")
+
     majors = raw.get("compute_capability_majors", list(DEFAULT_CAPABILITY_MAJORS))
     if (
         not isinstance(majors, list)
@@ -188,6 +211,8 @@ def _parse(raw: Any, path: Path) -> Profile:
         args=tuple(args),
         env=dict(env),
         notes=dict(notes),
+        nodes=nodes,
+        gpu_memory_gib=None if memory is None else float(memory),
     )
 
 
