@@ -55,7 +55,7 @@ def test_datasource_is_a_variable_never_a_uid():
     variables = {v["name"]: v for v in d["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
-    for panel in d["panels"]:
+    for panel in dashboard.walk_panels(d):
         assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
         for target in panel["targets"]:
             assert target["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
@@ -66,10 +66,15 @@ def test_datasource_is_a_variable_never_a_uid():
 def test_schema_is_sane():
     d = load()
     assert d["uid"] and d["title"] == "TPOT" and isinstance(d["schemaVersion"], int)
-    ids = [p["id"] for p in d["panels"]]
+    rows = [p for p in d["panels"] if p["type"] == "row"]
+    ids = [p["id"] for p in [*rows, *dashboard.walk_panels(d)]]
     assert len(ids) == len(set(ids)), "panel ids must be unique"
     cells: set[tuple[int, int]] = set()
-    for p in d["panels"]:
+    for row in rows:
+        g = row["gridPos"]
+        assert (g["x"], g["w"], g["h"]) == (0, 24, 1) and row["title"], row
+        cells |= {(x, g["y"]) for x in range(24)}
+    for p in dashboard.walk_panels(d):
         g = p["gridPos"]
         assert g["w"] > 0 and g["h"] > 0 and g["x"] >= 0 and g["x"] + g["w"] <= 24, p["title"]
         area = {
@@ -87,7 +92,7 @@ def test_schema_is_sane():
 
 
 def test_issue_panels_are_present():
-    titles = " | ".join(p["title"] for p in load()["panels"])
+    titles = " | ".join(p["title"] for p in dashboard.walk_panels(load()))
     for needle in ("TPOT p50/p90/p99 - canary", "TPOT - server side", "ITL", "TTFT",
                    "Output tokens/s", "Running and queued", "KV cache tokens: used vs pool",
                    "SLO attainment", "Build / patch status"):  # fmt: skip
@@ -95,7 +100,7 @@ def test_issue_panels_are_present():
 
 
 def test_itl_and_tpot_definitions_are_in_the_descriptions():
-    panels = {p["title"]: p for p in load()["panels"]}
+    panels = {p["title"]: p for p in dashboard.walk_panels(load())}
     itl = next(p for t, p in panels.items() if t.startswith("ITL"))
     assert "inter-token latency" in itl["description"] and "gap/k" in itl["description"]
     tpot = next(p for t, p in panels.items() if t.startswith("TPOT p50"))
@@ -105,11 +110,25 @@ def test_itl_and_tpot_definitions_are_in_the_descriptions():
 def test_recording_rules_used_by_the_dashboard_exist():
     names = recorded_names()
     used = set()
-    for p in load()["panels"]:
+    for p in dashboard.walk_panels(load()):
         for t in p["targets"]:
             used.update(re.findall(r"\bglmserve:[a-z0-9_:]+", t["expr"]))
     assert used, "the dashboard should read recording rules"
     assert used <= names, used - names
+
+
+def test_the_fleet_row_has_a_line_per_replica_and_the_router():
+    """Collapsed (a single server has no fleet series); every replica panel is by worker."""
+    (row,) = [p for p in load()["panels"] if p["type"] == "row"]
+    assert row["title"] == dashboard.FLEET_ROW and row["collapsed"] is True
+    titles = [p["title"] for p in row["panels"]]
+    for needle in ("Replicas: TPOT", "Replicas: output tokens/s", "Replicas: queued",
+                   "Replicas: KV pool", "Replicas: up", "Router: requests/s",
+                   "Router: request latency", "Router: retries", "Router: worker health"):  # fmt: skip
+        assert any(t.startswith(needle) for t in titles), needle
+    for p in row["panels"]:
+        if p["title"].startswith("Replicas"):
+            assert all("{{worker}}" in t["legendFormat"] for t in p["targets"]), p["title"]
 
 
 def test_provisioning_files():

@@ -34,6 +34,8 @@ def test_every_recording_rule_produces_a_value(stack: LiveStack):
     missing = []
     for path in sorted((PROM_DIR / "rules").glob("*.yml")):
         for group in yaml.safe_load(path.read_text())["groups"]:
+            if group["name"].startswith("glmserve-fleet"):
+                continue  # need a router and worker labels: tests/fleet/test_fleet_monitoring.py
             for rule in group["rules"]:
                 if "record" not in rule:
                     continue

@@ -19,7 +19,7 @@ def test_check_config(promtool_binary):
     """prometheus.yml parses and every rule file it globs is valid."""
     proc = promtool(promtool_binary, "check", "config", "prometheus.yml")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "2 rule files found" in proc.stdout
+    assert "3 rule files found" in proc.stdout
 
 
 def test_check_rules(promtool_binary):

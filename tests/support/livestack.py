@@ -69,10 +69,18 @@ def prometheus_config(targets: dict[str, str], interval: str = "1s") -> dict[str
 
 
 class Prometheus:
-    def __init__(self, binary: str, targets: dict[str, str], workdir: Path, port: int) -> None:
+    def __init__(
+        self,
+        binary: str,
+        targets: dict[str, str],
+        workdir: Path,
+        port: int,
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        """`config` replaces the one derived from prometheus.yml and `targets` (fleet tests)."""
         self.url = f"http://127.0.0.1:{port}"
         cfg = workdir / "prometheus.yml"
-        cfg.write_text(yaml.safe_dump(prometheus_config(targets)))
+        cfg.write_text(yaml.safe_dump(config or prometheus_config(targets)))
         self.log = (workdir / "prometheus.log").open("w")
         self.proc = subprocess.Popen(
             [binary, f"--config.file={cfg}", f"--storage.tsdb.path={workdir / 'data'}",
@@ -206,23 +214,27 @@ def live_stack(
         emulator.stop()
 
 
-def dashboard_queries() -> list[tuple[str, str]]:
-    """(panel title, PromQL) for every target of the committed dashboard, Grafana vars filled."""
+def dashboard_queries(fleet: bool = False) -> list[tuple[str, str]]:
+    """(panel title, PromQL) for every target of the committed dashboard, Grafana vars filled:
+    the top-level panels, or (fleet=True) those of the collapsed fleet row, which need a
+    router and `worker` labels (tests/fleet/test_fleet_monitoring.py)."""
     import json
 
     d = json.loads((ROOT / "monitoring/grafana/dashboards/tpot.json").read_text())
+    rows = [p for p in d["panels"] if p["type"] == "row"]
+    chosen = [p for r in rows for p in r["panels"]] if fleet else d["panels"]
     out = []
-    for panel in d["panels"]:
-        for target in panel["targets"]:
+    for panel in chosen:
+        for target in panel.get("targets", []):
             # Grafana's $__rate_interval is >= 4 scrape intervals; 1m is what our 15 s gives.
             out.append((panel["title"], target["expr"].replace("$__rate_interval", "1m")))
     return out
 
 
-def missing_series(prom: Prometheus) -> list[str]:
+def missing_series(prom: Prometheus, fleet: bool = False) -> list[str]:
     """Queries that return no series, or only non-finite values."""
     bad = []
-    for title, expr in dashboard_queries():
+    for title, expr in dashboard_queries(fleet):
         result = prom.query(expr)
         values = [float(r["value"][1]) for r in result]
         if not result or not all(math.isfinite(v) for v in values):
@@ -230,12 +242,12 @@ def missing_series(prom: Prometheus) -> list[str]:
     return bad
 
 
-def wait_all_series(prom: Prometheus, timeout_s: float = 90.0) -> list[str]:
+def wait_all_series(prom: Prometheus, timeout_s: float = 90.0, fleet: bool = False) -> list[str]:
     deadline = time.monotonic() + timeout_s
-    bad = missing_series(prom)
+    bad = missing_series(prom, fleet)
     while bad and time.monotonic() < deadline:
         time.sleep(1.0)
-        bad = missing_series(prom)
+        bad = missing_series(prom, fleet)
     return bad
 
 

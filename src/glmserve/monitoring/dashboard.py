@@ -280,20 +280,148 @@ def panels() -> list[Panel]:
     ]
 
 
-def build_dashboard() -> dict[str, Any]:
-    out_panels = []
-    x = y = row_h = 0
-    for pid, panel in enumerate(panels(), start=1):
+FLEET_ROW = "Fleet: replicas behind SGLang's router"
+DEF_WORKER = (
+    "Per worker: `worker` is the worker's URL as the router knows it (docs/fleet.md); a "
+    "single-server stack has no fleet series."
+)
+
+
+def fleet_panels() -> list[Panel]:
+    """The fleet row: one line per replica, then the router (docs/fleet.md)."""
+    stat = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}}
+    return [
+        Panel(
+            "Replicas: TPOT",
+            f"{DEF_WORKER} server: the token-weighted mean TPOT of all requests on the worker "
+            "(ITL sum/count, 1 m). canary: p50 of that worker's own canary (5 m). Replicas of "
+            "one profile should agree; alert GlmserveReplicaTPOTSkew fires at 1.5x the fastest "
+            f"for 10 m. {SLO_TEXT}",
+            [
+                Target("glmserve:worker_tpot_seconds:mean1m", "{{worker}} server mean"),
+                Target("glmserve:worker_canary_tpot_seconds:quantile5m", "{{worker}} canary p50"),
+            ],
+            slo_line=True,
+        ),
+        Panel(
+            "Replicas: output tokens/s",
+            f"{DEF_WORKER} rate of sglang:generation_tokens_total on each worker (1 m).",
+            [Target("glmserve:worker_output_tokens_per_second:rate1m", "{{worker}}")],
+            unit="none",
+        ),
+        Panel(
+            "Replicas: queued and running requests",
+            f"{DEF_WORKER} sglang:num_queue_reqs and sglang:num_running_reqs per worker.",
+            [
+                Target("glmserve:worker_queued_requests:sum", "{{worker}} queued"),
+                Target("glmserve:worker_running_requests:sum", "{{worker}} running"),
+            ],
+            unit="none",
+        ),
+        Panel(
+            "Replicas: KV pool in use",
+            f"{DEF_WORKER} sglang:kv_used_tokens over sglang:max_total_num_tokens per worker.",
+            [Target("glmserve:worker_kv_usage:ratio", "{{worker}}")],
+            unit="percentunit",
+        ),
+        Panel(
+            "Replicas: up",
+            f"{DEF_WORKER} scrape: Prometheus reaches its /metrics. router: the router's health "
+            "probe (smg_worker_health; 0 = out of rotation, alert GlmserveWorkerDown). probe: "
+            "its exporter's GET /server_info.",
+            [
+                Target('up{job="sglang", worker!=""}', "{{worker}} scrape"),
+                Target("smg_worker_health", "{{worker}} router"),
+                Target('glmserve_target_up{worker!=""}', "{{worker}} probe"),
+            ],
+            kind="stat",
+            unit="none",
+            width=24,
+            height=5,
+            extra_options={**stat, "textMode": "value_and_name", "colorMode": "background"},
+        ),
+        Panel(
+            "Router: requests/s and errors",
+            "Requests the router accepted (smg_router_requests_total) and its non-2xx answers "
+            "(smg_http_responses_total), 1 m rates.",
+            [
+                Target("glmserve:router_requests_per_second:rate1m", "requests"),
+                Target("glmserve:router_error_responses_per_second:rate1m", "non-2xx answers"),
+            ],
+            unit="reqps",
+        ),
+        Panel(
+            "Router: request latency p50/p90/p99",
+            "smg_router_request_duration_seconds, as the router times a request it forwards "
+            "(1 m). For a stream this includes the whole stream.",
+            [Target("glmserve:router_request_duration_seconds:quantile1m", "p{{quantile}}")],
+        ),
+        Panel(
+            "Router: retries",
+            "Attempts the router repeated on another worker (smg_worker_retries_total) and "
+            "requests that ran out of retries (smg_worker_retries_exhausted_total), per second. "
+            "A killed worker shows up here first: its refused connections are retried.",
+            [
+                Target("glmserve:router_retries_per_second:rate1m", "retries"),
+                Target("glmserve:router_retries_exhausted_per_second:rate1m", "exhausted"),
+            ],
+            unit="reqps",
+        ),
+        Panel(
+            "Router: worker health",
+            "1 = the router routes to the worker, 0 = its health probe or circuit breaker took "
+            "it out (smg_worker_health), over time.",
+            [Target("smg_worker_health", "{{worker}}")],
+            unit="none",
+        ),
+    ]
+
+
+def _layout(items: list[Panel], first_id: int, y: int) -> tuple[list[dict[str, Any]], int]:
+    """Panels left to right, 24 columns per row; returns their JSON and the next free y."""
+    out = []
+    x = row_h = 0
+    for pid, panel in enumerate(items, start=first_id):
         if x + panel.width > 24:
             x, y, row_h = 0, y + row_h, 0
-        out_panels.append(panel.to_json(pid, x, y))
+        out.append(panel.to_json(pid, x, y))
         x += panel.width
         row_h = max(row_h, panel.height)
+    return out, y + row_h
+
+
+def walk_panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every query panel, including those inside (collapsed) rows."""
+    out = []
+    for panel in dashboard["panels"]:
+        if panel["type"] == "row":
+            out.extend(panel.get("panels", []))
+        else:
+            out.append(panel)
+    return out
+
+
+def build_dashboard() -> dict[str, Any]:
+    out_panels, y = _layout(panels(), 1, 0)
+    fleet, _ = _layout(fleet_panels(), len(out_panels) + 2, y + 1)
+    # Collapsed: a single-server stack has no fleet series, and Grafana only queries the
+    # panels of a row when it is opened.
+    out_panels.append(
+        {
+            "id": len(out_panels) + 1,
+            "type": "row",
+            "title": FLEET_ROW,
+            "collapsed": True,
+            "gridPos": {"h": 1, "w": 24, "x": 0, "y": y},
+            "panels": fleet,
+        }
+    )
     return {
         "uid": UID,
         "title": "TPOT",
         "description": "GLM-5 serving: TPOT (canary vs server), ITL, TTFT, throughput, KV "
-        "cache, SLO attainment and the patch status. Generated by "
+        "cache, SLO attainment and the patch status; a fleet row per replica and for the "
+        "router. Generated by "
         "python -m glmserve.monitoring.dashboard; do not edit by hand.",
         "tags": ["glmserve", "sglang", "tpot"],
         "editable": False,
