@@ -209,7 +209,8 @@ def run_locust(router_url: str, out: Path, python: str, env: dict[str, str], *ar
     proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     (out / "locust.log").parent.mkdir(parents=True, exist_ok=True)
     (out / "locust.log").write_text(proc.stdout + proc.stderr)
-    summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
+    report = out / "summary.json"
+    summary = json.loads(report.read_text()) if report.exists() else {}
     return proc.returncode, summary, time.monotonic() - t0
 
 
@@ -269,7 +270,8 @@ def phase(results: Results, name: str, router_workers: list[Server], all_servers
         "request_share": {s: round(n / total_req, 3) for s, n in requests.items()},
         "cache_hit_rate": round(cached / prompt, 4) if prompt > 0 else None,
     }
-    log(f"{name}: {json.dumps({k: results.phases[name][k] for k in ('locust_output_tokens_per_s', 'request_share', 'cache_hit_rate')})}")
+    brief = ("locust_output_tokens_per_s", "request_share", "cache_hit_rate")
+    log(f"{name}: {json.dumps({k: results.phases[name][k] for k in brief})}")
     results.save()
 
 
@@ -336,14 +338,20 @@ def main(argv: list[str] | None = None) -> int:
         "router_version": importlib.metadata.version("sglang-router"),
         "plan": plan.__dict__, "device": os.environ.get("FLEET_DEVICE", ""),
     })  # fmt: skip
-    servers = [
-        Server(name, port, server_argv(args.mode, port, args, plan, args.out / f"{name}.build-info.json"),
-               args.out / "logs" / f"{name}.log")  # fmt: skip
-        for name, port in (("A", free_port()), ("B", free_port()))
-    ]
+    servers = []
+    for name in ("A", "B"):
+        port = free_port()
+        argv_s = server_argv(args.mode, port, args, plan, args.out / f"{name}.build-info.json")
+        servers.append(Server(name, port, argv_s, args.out / "logs" / f"{name}.log"))
     results.meta["servers"] = " ".join(servers[0].argv[1:]).replace(str(servers[0].port), "PORT")
-    interrupted = []
-    signal.signal(signal.SIGTERM, lambda *_: interrupted.append(1) or (_ for _ in ()).throw(KeyboardInterrupt()))
+    interrupted: list[int] = []
+
+    def on_term(signum: int, _frame: Any) -> None:
+        # device.sh's timeout sends SIGTERM before the tool's limit: stop and save.
+        interrupted.append(signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
     try:
         for s in servers:  # both at once: the second waits on the first's JIT lock, not longer
             s.start(env)
@@ -354,7 +362,9 @@ def main(argv: list[str] | None = None) -> int:
                     s.ready_s = round(time.monotonic() - t0, 1)
                     log(f"{s.name} ready after {s.ready_s} s")
                 if s.proc is not None and s.proc.poll() is not None:
-                    raise RuntimeError(f"{s.name} exited with {s.proc.returncode}; see {s.log_path}")
+                    raise RuntimeError(
+                        f"{s.name} exited with {s.proc.returncode}; see {s.log_path}"
+                    )
             if time.monotonic() - t0 > args.ready_timeout_s:
                 raise RuntimeError(f"servers not ready in {args.ready_timeout_s:g} s")
             time.sleep(1)

@@ -1,0 +1,98 @@
+"""bench/fleet/fleet_bench.py on the CPU: its logic end to end against emulators, and its
+device command lines through the launcher's own validation (the GPU run is the lead's)."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from glmserve.launch import Host, run
+from glmserve.launch.fit import last_value
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench" / "fleet" / "fleet_bench.py"
+
+pytest.importorskip("sglang_router", reason="pip install '.[router]'")
+
+
+def load_bench():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fleet_bench", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    sys.modules["fleet_bench"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_the_bench_runs_every_phase_against_emulators(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--mode", "emulator", "--quick", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads((tmp_path / "fleet.json").read_text())
+    phases = data["phases"]
+    assert list(phases) == ["T1", "T2", "C-rr", "C-ca"] and not data["skipped"]
+    # T1 routes to A only, T2 to both: the router, not the bench, decides.
+    assert phases["T1"]["request_share"] == {"A": 1.0, "B": 0.0}
+    assert all(0.3 <= v <= 0.7 for v in phases["T2"]["request_share"].values())
+    for p in phases.values():
+        assert p["locust_rc"] == 0 and p["locust_requests"] > 0 and not p["locust_failures"]
+        assert p["server_generation_tokens"] > 0
+        assert p["cache_hit_rate"] == 0.0  # the emulator has no radix cache: prompt, no hits
+    assert data["derived"]["throughput_two_vs_one"] > 0
+    assert "| C-ca | cache_aware | A+B |" in (tmp_path / "fleet.md").read_text()
+
+
+def test_the_shared_prefix_workload_has_the_planned_token_counts(tmp_path):
+    bench = load_bench()
+    plan = bench.Plan.for_mode("device", quick=False)
+    words = bench.vocab(ROOT / "entrypoint" / "models")
+    path = bench.prompt_file(tmp_path / "p.jsonl", plan, words)
+    prompts = [json.loads(line)["prompt"] for line in path.read_text().splitlines()]
+    assert len(prompts) == plan.groups * plan.variants
+    lengths = {len(p.split()) for p in prompts}
+    assert lengths == {plan.prefix_tokens + 8}
+    prefixes = {" ".join(p.split()[: plan.prefix_tokens]) for p in prompts}
+    assert len(prefixes) == plan.groups
+    # The point of the plan: all prefixes overflow one pool, half of them fit.
+    assert plan.groups * plan.prefix_tokens > plan.pool_tokens
+    assert plan.groups * plan.prefix_tokens / 2 < plan.pool_tokens
+
+
+def test_the_device_server_command_passes_the_launchers_validation(tmp_path):
+    """The exact argv device mode starts, through the launcher with the real tiny profile and
+    model (SGLang's install and the GPUs faked: --dry-run)."""
+    bench = load_bench()
+    plan = bench.Plan.for_mode("device", quick=False)
+    args = argparse.Namespace(
+        python="python3",
+        model_dir=ROOT / "entrypoint" / "models",
+        profiles_dir=ROOT / "entrypoint" / "profiles",
+    )
+    argv = bench.server_argv("device", 31001, args, plan, tmp_path / "bi.json")
+    assert argv[1:3] == ["-m", "glmserve.launch"]
+    host = Host(
+        environ={"HOME": str(tmp_path), "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "fi")},
+        sglang_site=lambda: tmp_path,
+        detect_version=lambda _s: "0.5.12.post1",
+        read_marker=lambda _s: {"series": "0.5.12.post1", "sglang_version": "0.5.12.post1"},
+        preflight=lambda _s: [],
+    )
+    out = io.StringIO()
+    assert run(["--dry-run", *argv[3:]], host, out=out) == 0
+    final = json.loads(out.getvalue())["argv"]
+    # SGLang's argparse keeps the last occurrence: the bench's values override the profile's.
+    assert last_value(final, "--max-total-tokens") == str(plan.pool_tokens)
+    assert last_value(final, "--cuda-graph-max-bs") == str(plan.users)
+    assert last_value(final, "--mem-fraction-static") == "0.4"
+    assert "--sleep-on-idle" in final and final[final.index("--port") + 1] == "31001"
