@@ -85,6 +85,13 @@ def test_cache_aware_keeps_a_shared_prefix_on_one_worker(workers, tmp_path, poli
     finally:
         router.close()
     assert run.proc.returncode == 0, out[-2000:]
+    # Locust's report records the router and its worker set, each with its own server info.
+    recorded = run.summary["server"]
+    assert {w["url"] for w in recorded["router"]["workers"]} == set(urls)
+    assert all(w["server"]["kv_pool_tokens"] for w in recorded["router"]["workers"])
+    assert (
+        recorded["kv_pool_tokens"] == recorded["router"]["workers"][0]["server"]["kv_pool_tokens"]
+    )
     share = shares(before, after)
     print(f"{policy}: per-worker share of requests {sorted(share.values(), reverse=True)}")
     if sticky:

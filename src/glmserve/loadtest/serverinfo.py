@@ -7,6 +7,11 @@ fields glmserve reads, and how, is glmserve.sglang_api's to say.
 The patch series is not in there: it comes from the glmserve build-info file, when this
 process can read it (--build-info, or $GLMSERVE_BUILD_INFO). glmserve's emulator adds a
 "glmserve_emulator" object (its configured timing), which the report keeps.
+
+Through SGLang's router (docs/fleet.md) the target answers GET /workers with the worker set
+instead of a server info: the report then records the router and every worker, with each
+worker's own server info (asked of the worker directly), and takes the top-level fields from
+the first worker that answers, so a fleet's report reads like a single server's plus the set.
 """
 
 from __future__ import annotations
@@ -49,13 +54,44 @@ def extract(info: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def fetch_router_workers(base_url: str, timeout_s: float = 5.0) -> list[dict[str, Any]] | None:
+    """The router's worker set (GET /workers of sglang-router), or None if this is no router."""
+    try:
+        with urllib.request.urlopen(base_url.rstrip("/") + "/workers", timeout=timeout_s) as r:
+            obj = json.loads(r.read())
+    except (OSError, ValueError):
+        return None
+    workers = obj.get("workers") if isinstance(obj, dict) else None
+    if not isinstance(workers, list):
+        return None
+    return [
+        {"url": w.get("url"), "healthy": w.get("is_healthy"), "model": w.get("model_id")}
+        for w in workers
+        if isinstance(w, dict)
+    ]
+
+
 def gather_server_info(base_url: str, build_info_path: str | None) -> dict[str, Any]:
     """Best effort: a report is still written when the target does not answer."""
     result: dict[str, Any] = {"url": base_url}
-    try:
-        result.update(extract(fetch_server_info(base_url)))
-    except (OSError, ValueError) as exc:
-        result["error"] = str(exc)
+    workers = fetch_router_workers(base_url)
+    if workers is not None:
+        result["router"] = {"workers": workers}
+        for worker in workers:
+            try:
+                worker["server"] = extract(fetch_server_info(str(worker["url"])))
+            except (OSError, ValueError) as exc:
+                worker["error"] = str(exc)
+        first = next((w["server"] for w in workers if "server" in w), None)
+        if first is not None:
+            result.update(first)
+        else:
+            result["error"] = "no worker behind the router answered its server info"
+    else:
+        try:
+            result.update(extract(fetch_server_info(base_url)))
+        except (OSError, ValueError) as exc:
+            result["error"] = str(exc)
     path = build_info_path or os.environ.get(buildinfo.ENV_VAR)
     if path:
         try:
