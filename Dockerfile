@@ -1,8 +1,9 @@
-# GLM-5-NVFP4 on Blackwell: patched SGLang server image and the tools image (emulator, exporter,
-# Locust). One file, three stages:
+# GLM-5-NVFP4 on Blackwell: the patched SGLang server image, the tools image (emulator, exporter,
+# Locust) and SGLang's router. One file, four shipped stages:
 #
 #   tools-build  throw-away: pinned Python deps (optional build-time CA), glmserve wheel
 #   tools        glmserve[emulator,exporter,loadtest] in a venv       (docker build --target tools)
+#   router       sglang-router (SGLang's router) in a venv            (docker build --target router)
 #   server       SGLang base + the patch series + glmserve core       (the default target)
 #
 # Both bases are build ARGs so CI can substitute local images (no registry there, see
@@ -56,6 +57,31 @@ USER 10001:10001
 WORKDIR /opt/glmserve-app
 # No ENTRYPOINT: compose picks the emulator, exporter or locust command per service.
 CMD ["python", "-m", "glmserve.emulator", "--host", "127.0.0.1", "--port", "30000", "--tpot-ms", "20", "--ttft-ms", "250"]
+
+# --------------------------------------------------------------------------------------------
+# SGLang's router (sglang-router from PyPI, a Rust binary in the wheel) for the fleet profile
+# and the Kubernetes manifests, pinned in constraints.txt. Its own image: it needs neither
+# glmserve nor the tools' dependencies, and the tools image stays without its 90 MB binary.
+FROM ${TOOLS_BASE_IMAGE} AS router-build
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+COPY docker/build-ca/ .ca* /tmp/build-ca/
+COPY docker/pip-ca.sh /usr/local/bin/pip-ca.sh
+COPY constraints.txt /tmp/constraints.txt
+RUN python3 -m venv /opt/router \
+    && pip-ca.sh /opt/router/bin/python install --no-cache-dir -c /tmp/constraints.txt sglang-router \
+    && /opt/router/bin/python -m pip check
+
+FROM ${TOOLS_BASE_IMAGE} AS router
+COPY --from=router-build /opt/router /opt/router
+ENV PATH=/opt/router/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+RUN useradd --uid 10001 --user-group --no-create-home router \
+    && python -c "import sglang_router.launch_router"
+USER 10001:10001
+# compose (glmserve.fleet.render) and the Kubernetes manifests pass the whole argv, loopback and
+# worker list included (glmserve.fleet.router.router_argv); alone, this image only shows help.
+CMD ["python", "-m", "sglang_router.launch_router", "--help"]
 
 # --------------------------------------------------------------------------------------------
 FROM ${BASE_IMAGE} AS server

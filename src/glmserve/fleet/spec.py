@@ -77,6 +77,10 @@ def parse_gpu_sets(raw: str) -> list[tuple[int, ...]]:
             ) from None
         if not gpus or any(g < 0 for g in gpus):
             raise FleetError(f"FLEET_LOCAL_REPLICAS replica {n}: {chunk!r} is not GPU ids")
+        if len(set(gpus)) != len(gpus):
+            raise FleetError(
+                f"FLEET_LOCAL_REPLICAS replica {n}: a GPU is listed twice in {chunk!r}"
+            )
         for g in gpus:
             if g in seen:
                 raise FleetError(f"FLEET_LOCAL_REPLICAS: GPU {g} is in replica {seen[g]} and {n}")
