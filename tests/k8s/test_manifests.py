@@ -1,0 +1,195 @@
+"""The Kubernetes manifests (k8s/), validated offline.
+
+- Core kinds against Kubernetes' own OpenAPI schemas with kubernetes-validate (PyPI), strict.
+- The LeaderWorkerSet against the openAPIV3Schema of the LWS v0.10.0 CRD
+  (tests/fixtures/k8s/README.md), with unknown fields refused as the API server would prune them.
+- The router's args through the pinned router's own parser, the workers' args through the
+  launcher (with LWS's variables filled in), so the manifests start what compose starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gzip
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from glmserve.fleet.router import RouterConfig
+from glmserve.launch import Host, load_profile, run
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "k8s"
+LWS_SCHEMA = ROOT / "tests" / "fixtures" / "k8s" / "leaderworkerset-v1.schema.json.gz"
+kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install '.[dev]'")
+K8S_VERSION = "1.37.0"
+
+
+def documents() -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for path in sorted(K8S.glob("*.yaml")):
+        out += [(path.name, d) for d in yaml.safe_load_all(path.read_text()) if d]
+    return out
+
+
+def by_kind(kind: str) -> dict[str, Any]:
+    (doc,) = [d for _, d in documents() if d["kind"] == kind]
+    return doc
+
+
+def strict(schema: Any) -> Any:
+    """Refuse unknown fields wherever the CRD lists the known ones (the API server prunes
+    them, so a typo would vanish silently)."""
+    if isinstance(schema, dict):
+        schema = {k: strict(v) for k, v in schema.items()}
+        if (
+            schema.get("type") == "object"
+            and "properties" in schema
+            and "additionalProperties" not in schema
+            and not schema.get("x-kubernetes-preserve-unknown-fields")
+        ):
+            schema["additionalProperties"] = False
+        return schema
+    if isinstance(schema, list):
+        return [strict(v) for v in schema]
+    return schema
+
+
+@pytest.fixture(scope="module")
+def lws_validator() -> jsonschema.Validator:
+    crd = json.loads(gzip.decompress(LWS_SCHEMA.read_bytes()))
+    assert (crd["group"], crd["kind"], crd["version"]) == (
+        "leaderworkerset.x-k8s.io", "LeaderWorkerSet", "v1"
+    )  # fmt: skip
+    return jsonschema.Draft7Validator(strict(crd["openAPIV3Schema"]))
+
+
+@pytest.mark.parametrize(
+    "name, doc",
+    [(n, d) for n, d in documents() if d["kind"] != "LeaderWorkerSet"],
+    ids=lambda v: v if isinstance(v, str) else v.get("kind", ""),
+)
+def test_core_kinds_validate_strictly_against_kubernetes_schemas(name, doc):
+    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_the_core_validator_can_fail():
+    doc = copy.deepcopy(by_kind("Deployment"))
+    doc["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] = 7
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    doc = copy.deepcopy(by_kind("Deployment"))
+    doc["spec"]["replica"] = 1  # typo of replicas
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_the_leaderworkerset_validates_against_the_lws_crd(lws_validator):
+    errors = [e.message for e in lws_validator.iter_errors(by_kind("LeaderWorkerSet"))]
+    assert not errors, errors
+
+
+def test_the_lws_check_can_fail(lws_validator):
+    lws = copy.deepcopy(by_kind("LeaderWorkerSet"))
+    lws["spec"]["leaderWorkerTemplate"]["sise"] = 2
+    assert list(lws_validator.iter_errors(lws))
+    lws = copy.deepcopy(by_kind("LeaderWorkerSet"))
+    lws["spec"]["leaderWorkerTemplate"]["size"] = "two"
+    assert list(lws_validator.iter_errors(lws))
+
+
+LWS_ENV = {"LWS_GROUP_SIZE": "2", "LWS_LEADER_ADDRESS": "glmserve-0.glmserve", "POD_IP": "10.0.0.9"}
+
+
+def fill(args: list[str], values: dict[str, str]) -> list[str]:
+    out = []
+    for a in args:
+        for k, v in values.items():
+            a = a.replace(f"$({k})", v)
+        assert "$(" not in a, f"unfilled variable in {a!r}"
+        out.append(a)
+    return out
+
+
+@pytest.mark.parametrize("index", ["0", "1"])
+def test_each_pod_runs_the_launcher_with_a_valid_multi_node_plan(index, tmp_path):
+    lws = by_kind("LeaderWorkerSet")
+    template = lws["spec"]["leaderWorkerTemplate"]
+    pod = template["leaderTemplate" if index == "0" else "workerTemplate"]["spec"]
+    (container,) = pod["containers"]
+    assert "command" not in container  # the image's ENTRYPOINT: python3 -m glmserve.launch
+    args = fill(container["args"], {**LWS_ENV, "LWS_WORKER_INDEX": index})
+    args[args.index("--model-path") + 1] = str(ROOT / "tests" / "fixtures" / "glm5-nvfp4")
+    host = Host(
+        environ={"HOME": str(tmp_path), "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "fi")},
+        sglang_site=lambda: tmp_path,
+        detect_version=lambda _s: "0.5.12.post1",
+        read_marker=lambda _s: {"series": "0.5.12.post1", "sglang_version": "0.5.12.post1"},
+        preflight=lambda _s: [],
+    )
+    out = io.StringIO()
+    assert run(["--dry-run", *args], host, out=out) == 0
+    plan = json.loads(out.getvalue())
+    argv = plan["argv"]
+    assert argv[argv.index("--node-rank") + 1] == index
+    assert argv[argv.index("--dist-init-addr") + 1] == "glmserve-0.glmserve:25000"
+    assert argv[argv.index("--host") + 1] == "10.0.0.9"  # the pod IP, never 0.0.0.0
+    assert plan["fit"]["fits"]
+    profile = load_profile(ROOT / "entrypoint" / "profiles", plan["profile"])
+    gpus = int(container["resources"]["limits"]["nvidia.com/gpu"])
+    assert gpus * template["size"] == profile.tp and template["size"] == profile.nodes
+
+
+def test_the_router_args_parse_with_the_pinned_router_and_match_our_settings():
+    router_args = pytest.importorskip("sglang_router.router_args")
+    deployment = by_kind("Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["python", "-m", "sglang_router.launch_router"]
+    args = fill(container["args"], {"POD_IP": "10.0.0.9", "POD_NAMESPACE": "glmserve"})
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    router_args.RouterArgs.add_cli_args(parser, use_router_prefix=False)
+    got = router_args.RouterArgs.from_cli_args(parser.parse_args(args), use_router_prefix=False)
+    got._validate_router_args()
+    assert got.host == got.prometheus_host == "10.0.0.9"
+    assert got.service_discovery and got.service_discovery_namespace == "glmserve"
+    assert got.selector == {
+        "app.kubernetes.io/name": "glmserve-worker",
+        "glmserve.io/role": "leader",
+    }
+    leader = by_kind("LeaderWorkerSet")["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
+    assert got.selector.items() <= leader["metadata"]["labels"].items()
+    ours = RouterConfig()
+    assert (got.policy, got.health_check_interval_secs, got.health_failure_threshold) == (
+        ours.policy, ours.health_check_interval_s, ours.health_failure_threshold
+    )  # fmt: skip
+    assert (got.cb_failure_threshold, got.cb_timeout_duration_secs) == (
+        ours.cb_failure_threshold, ours.cb_timeout_s
+    )  # fmt: skip
+
+
+def test_images_are_the_ones_the_dockerfile_builds_and_never_latest():
+    images = []
+    for _, doc in documents():
+        text = json.dumps(doc)
+        images += [v for k, v in _walk(doc) if k == "image"]
+        assert ":latest" not in text
+    assert set(images) == {
+        "glmserve/server:0.1.0-sglang0.5.12.post1",
+        "glmserve/router:0.1.0-sglang-router0.3.2",
+    }
+
+
+def _walk(node: Any):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield k, v
+            yield from _walk(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _walk(v)
