@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 import yaml
-from fleetkit import emulator_args, port_of
-from monitoring.livestack import PROM_DIR, Load, Prometheus, wait_all_series
+from support.fleet import emulator_args, port_of
+from support.livestack import PROM_DIR, Load, Prometheus, wait_all_series
 
 from glmserve.emulator.testing import RunningEmulator, start_process
 from glmserve.fleet.router import RouterConfig

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from fleetkit import (
+from support.fleet import (
     RouterSampler,
     emulator_args,
     port_of,

@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from launch_helpers import B200, GLM_FIXTURE, RTX, Gpu, gpus_like
+from support.launch import B200, GLM_FIXTURE, RTX, gpus_like
 from test_launch_cli import assert_refused, dry
 
-from glmserve.launch import fit, parse_profile_file
+from glmserve.launch import Gpu, fit, parse_profile_file
 from glmserve.launch.inventory import parse_nvidia_smi
 
 CONFIG = json.loads((GLM_FIXTURE / "config.json").read_text())

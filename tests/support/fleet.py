@@ -1,4 +1,4 @@
-"""Helpers for the fleet tests (a unique module name: test folders have their own conftest).
+"""Support for the fleet tests (tests/fleet/).
 
 Everything here runs on 127.0.0.1: emulators and the real router through their own testing
 modules, Locust as a subprocess (importing it would gevent-patch pytest), and a sampler that
