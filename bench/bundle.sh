@@ -4,7 +4,13 @@
 # Python 3.12, built by ../shared/tools/sglang-device-bundle.sh.
 #
 #   usage: bench/bundle.sh [OUT.tar.xz]      (default .bundle/sglang-0.5.12.post1.tar.xz)
+#          bench/bundle.sh --fleet [OUT]     (default .bundle/fleet.tar.xz; device_run.sh fleet)
 #   (bench/e2e/build_bundle.sh is this script)
+#
+# --fleet adds what the fleet bench needs on the device (docs/fleet.md): SGLang's router
+# (sglang-router) and our Locust suite's Python 3.12 stack, at their constraints.txt pins, and
+# strips the debug sections of the large shared objects (strip --strip-debug: code, symbols and
+# the dynamic table stay; xgrammar's 53 MB .so is 94 % DWARF) so it all fits one 64 MiB carry.
 #
 # The overlay is packed UNPATCHED on purpose: the device command applies the committed series
 # with patches/apply.py, and takes glmserve, the profiles and the tiny models from the working
@@ -14,7 +20,9 @@
 # Env: SGLANG_BUNDLE_TOOL (default /work/shared/tools/sglang-device-bundle.sh), WHEEL_CACHE, VENV.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=$(realpath -m "${1:-.bundle/sglang-0.5.12.post1.tar.xz}")
+fleet=""
+if [ "${1:-}" = "--fleet" ]; then fleet=1; shift; fi
+out=$(realpath -m "${1:-$([ -n "$fleet" ] && echo .bundle/fleet.tar.xz || echo .bundle/sglang-0.5.12.post1.tar.xz)}")
 tool=${SGLANG_BUNDLE_TOOL:-/work/shared/tools/sglang-device-bundle.sh}
 [ -f "$tool" ] || { echo "bundle: $tool not found (set SGLANG_BUNDLE_TOOL)" >&2; exit 2; }
 work=.cache/bundle
@@ -39,9 +47,33 @@ find "$site" -name __pycache__ -type d -prune -exec rm -rf {} +
 printf '{"overlay_tool_sha256_16": "%s", "built": "%s"}\n' "$stamp" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
   >"$site/.glmserve-bundle.json"
 mkdir -p "$(dirname "$out")"
-( cd "$work" && XZ_OPT="-T0 -6" tar -cJf "$out" site )
+pack=$work
+if [ -n "$fleet" ]; then
+  command -v strip >/dev/null || { echo "bundle: --fleet needs strip (binutils)" >&2; exit 2; }
+  pack=$work/fleet; rm -rf "$pack"; mkdir -p "$pack/wheels"; cp -a "$site" "$pack/site"
+  pins=()
+  for p in sglang-router locust gevent geventhttpclient greenlet zope.event zope.interface flask \
+           flask-cors flask-login configargparse python-engineio python-socketio simple-websocket \
+           wsproto bidict brotli blinker itsdangerous werkzeug; do
+    pin=$(grep -i "^$p==" constraints.txt | head -n1)
+    [ -n "$pin" ] || { echo "bundle: no pin for $p in constraints.txt" >&2; exit 2; }
+    pins+=("$pin")
+  done
+  "${PYTHON:-python3}" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d "$pack/wheels" "${pins[@]}"
+  for w in "$pack"/wheels/*.whl; do "${PYTHON:-python3}" -m zipfile -e "$w" "$pack/site"; done
+  rm -rf "$pack/wheels"
+  find "$pack/site" -name '*.so' -size +1M -exec strip --strip-debug {} +
+  printf '{"overlay_tool_sha256_16": "%s", "built": "%s", "fleet": "%s"}\n' "$stamp" \
+    "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "${pins[*]}" >"$pack/site/.glmserve-bundle.json"
+fi
+# -9 for the fleet bundle: the router and Locust have to fit beside the overlay.
+( cd "$pack" && XZ_OPT="-T0 -${XZ_LEVEL:-$([ -n "$fleet" ] && echo 9 || echo 6)}" tar -cJf "$out" site )
 size=$(stat -c %s "$out")
 echo "bundle: $out $((size / 1048576)) MiB"
 # The device tool carries 64 MiB in all; a returned JIT cache (< 16 MiB) travels beside it.
-[ "$size" -le $((60 * 1048576)) ] || { echo "bundle: over 60 MiB: it would not fit the carry limit" >&2; exit 1; }
+limit=$([ -n "$fleet" ] && echo 62 || echo 60)  # the fleet bundle travels alone (no JIT cache)
+[ "$size" -le $((limit * 1048576)) ] || { echo "bundle: over $limit MiB: it would not fit the carry limit" >&2; exit 1; }
 [ "$size" -le $((48 * 1048576)) ] || echo "bundle: over 48 MiB: carry it without a JIT cache" >&2

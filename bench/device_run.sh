@@ -9,6 +9,9 @@
 #   bash bench/device_run.sh fp8-decode [ARGS]  kernels side by side: bench/fp8_decode.py ARGS
 #   bash bench/device_run.sh smoke [ARGS]       the operator smoke test: python -m glmserve.smoke ARGS
 #                                               (e.g. --profile tiny-mla --ready-timeout-s 240)
+#   bash bench/device_run.sh fleet [ARGS]       two replicas behind SGLang's router, our Locust
+#                                               through it: bench/fleet/fleet_bench.py ARGS
+#                                               (BUNDLE=.bundle/fleet.tar.xz: bench/bundle.sh --fleet)
 #   Aliases: bench/e2e/device.sh = e2e, bench/e2e/native_device.sh = native,
 #            bench/fp8_decode_device.sh = fp8-decode.
 #
@@ -27,7 +30,7 @@
 set -uo pipefail
 : "${OUT:?OUT must name the folder that comes back}"
 job=kernel
-case "${1:-}" in kernel | correctness | e2e | native | fp8-decode | smoke) job=$1; shift ;; esac
+case "${1:-}" in kernel | correctness | e2e | native | fp8-decode | smoke | fleet) job=$1; shift ;; esac
 BUNDLE=${BUNDLE:-.bundle/sglang-0.5.12.post1.tar.xz}
 JIT_IN=${JIT_CACHE:-.bundle/jit-cache.tar.xz}
 WORK=${DEVICE_WORK:-/tmp/glmserve-device}
@@ -99,7 +102,7 @@ kernel | correctness)
     gpu python3 bench/gather_cast.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | tail -45
   fi
   ;;
-e2e | native | fp8-decode | smoke)
+e2e | native | fp8-decode | smoke | fleet)
   # One Python script under a hard stop well inside the tool's 600 s: the scripts turn SIGTERM
   # into an orderly stop + save.
   case $job in
@@ -109,8 +112,9 @@ e2e | native | fp8-decode | smoke)
     # One server at a time through the launcher, on a profile of the working tree (the tiny
     # profiles find their model next to them); its logs/ and buildinfo/ are packed below.
     smoke) script=(-m glmserve.smoke); tee_to=smoke.log; hard=${SMOKE_HARD_S:-560} ;;
+    fleet) script=(bench/fleet/fleet_bench.py --mode device); tee_to=bench.log; hard=${FLEET_HARD_S:-540} ;;
   esac
-  if [ "$job" = e2e ] || [ "$job" = native ]; then
+  if [ "$job" = e2e ] || [ "$job" = native ] || [ "$job" = fleet ]; then
     # Servers of an earlier call killed at its time limit (same warm machine): stop their process
     # groups by the ids the harness recorded, so ports and GPU memory are free again.
     export E2E_PGID_FILE=${E2E_PGID_FILE:-/tmp/e2e-server-pgids}

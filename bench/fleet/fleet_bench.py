@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Two SGLang replicas behind SGLang's router, driven by our Locust suite through the router.
 
-    python bench/fleet/fleet_bench.py --mode device --out DIR        # on the H200 (device.sh)
+    bash bench/device_run.sh fleet                                    # on the H200 (one call)
     python bench/fleet/fleet_bench.py --mode emulator --out DIR --quick   # CPU dry run
 
 Device mode starts two real SGLang 0.5.12.post1 servers on the one GPU through our launcher
@@ -99,8 +99,8 @@ class Server:
             # Own session, so stopping the group also stops SGLang's scheduler children.
             self.proc = subprocess.Popen(self.argv, env=env, stdout=fh, stderr=subprocess.STDOUT,
                                          start_new_session=True)  # fmt: skip
-        pid_file = os.environ.get("FLEET_PGID_FILE")
-        if pid_file:  # device.sh stops these groups if a run is killed at the tool's limit
+        pid_file = os.environ.get("E2E_PGID_FILE")
+        if pid_file:  # device_run.sh stops these groups if a run is killed at the tool's limit
             with open(pid_file, "a") as f:
                 f.write(f"{self.proc.pid}\n")
 
@@ -207,7 +207,7 @@ def run_locust(router_url: str, out: Path, python: str, env: dict[str, str], *ar
             "--route", "completions", "--seed", "7", *args]  # fmt: skip
     t0 = time.monotonic()
     proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    (out / "locust.log").parent.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     (out / "locust.log").write_text(proc.stdout + proc.stderr)
     report = out / "summary.json"
     summary = json.loads(report.read_text()) if report.exists() else {}
@@ -243,7 +243,7 @@ def phase(results: Results, name: str, router_workers: list[Server], all_servers
                           log_level="warn", **ROUTER)  # fmt: skip
     try:
         before = counters(all_servers)
-        rc, summary, wall = run_locust(router.url, results.out / "locust" / name, args.python,
+        rc, summary, wall = run_locust(router.url, results.out / "logs" / "locust" / name, args.python,
                                        env, *locust_args)  # fmt: skip
         after = counters(all_servers)
     finally:
@@ -315,6 +315,15 @@ def render_md(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def gpu_name() -> str:
+    try:
+        proc = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                               "--format=csv,noheader"], capture_output=True, text=True, timeout=30)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return proc.stdout.strip().splitlines()[0] if proc.returncode == 0 and proc.stdout else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mode", choices=("device", "emulator"), required=True)
@@ -336,18 +345,18 @@ def main(argv: list[str] | None = None) -> int:
         "mode": args.mode, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
         "router_version": importlib.metadata.version("sglang-router"),
-        "plan": plan.__dict__, "device": os.environ.get("FLEET_DEVICE", ""),
+        "plan": plan.__dict__, "device": gpu_name(),
     })  # fmt: skip
     servers = []
     for name in ("A", "B"):
         port = free_port()
-        argv_s = server_argv(args.mode, port, args, plan, args.out / f"{name}.build-info.json")
+        argv_s = server_argv(args.mode, port, args, plan, args.out / "buildinfo" / f"{name}.json")
         servers.append(Server(name, port, argv_s, args.out / "logs" / f"{name}.log"))
     results.meta["servers"] = " ".join(servers[0].argv[1:]).replace(str(servers[0].port), "PORT")
     interrupted: list[int] = []
 
     def on_term(signum: int, _frame: Any) -> None:
-        # device.sh's timeout sends SIGTERM before the tool's limit: stop and save.
+        # device_run.sh's timeout sends SIGTERM before the tool's limit: stop and save.
         interrupted.append(signum)
         raise KeyboardInterrupt
 

@@ -139,6 +139,8 @@ def test_e2e_job_stops_servers_left_by_a_killed_call_then_runs_the_harness(tmp_p
         (["bench/device_run.sh", "native"], ["bench/e2e/native.py"], "520", "run.log"),
         (["bench/device_run.sh", "fp8-decode"], ["bench/fp8_decode.py"], "560", "run.log"),
         (["bench/device_run.sh", "smoke"], ["-m", "glmserve.smoke"], "560", "smoke.log"),
+        (["bench/device_run.sh", "fleet"], ["bench/fleet/fleet_bench.py", "--mode", "device"],
+         "540", "bench.log"),
         # The aliases the commands in use still call.
         (["bench/e2e/device.sh"], ["bench/e2e/harness.py", "--mode", "device"], "540", "harness.log"),
         (["bench/e2e/native_device.sh"], ["bench/e2e/native.py"], "520", "run.log"),
