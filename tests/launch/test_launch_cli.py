@@ -660,3 +660,6 @@ def test_under_compose_a_refusal_is_recorded_and_waits_instead_of_restarting(bas
     waits.clear()
     assert main(["--profile", "glm5-h100"], _host_for_main(base_env, {}, waits)) == 2
     assert waits == [] and buildinfo.read_launch_error(base_env["GLMSERVE_BUILD_INFO"]) is None
+    # One-off commands answer and exit even with it (`docker compose run --rm sglang --check`).
+    assert main(["--check", "--profile", "glm5-h100"], host) == 2
+    assert waits == [] and buildinfo.read_launch_error(base_env["GLMSERVE_BUILD_INFO"]) is None

@@ -497,12 +497,19 @@ def main(argv: Sequence[str] | None = None, host: Host | None = None) -> int:
         return run(sys.argv[1:] if argv is None else argv, host)
     except LaunchError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
-        if hold_requested(host.environ):
+        if hold_requested(host.environ, sys.argv[1:] if argv is None else argv):
             hold(host, str(exc))
         return 2
 
 
-def hold_requested(environ: Mapping[str, str]) -> bool:
+# One-off commands answer and exit even under compose (`docker compose run --rm sglang --check`).
+ONE_OFF = ("--dry-run", "--check", "--list-profiles", "-h", "--help")
+
+
+def hold_requested(environ: Mapping[str, str], argv: Sequence[str]) -> bool:
+    own, _ = split_passthrough(argv)
+    if any(a in ONE_OFF for a in own):
+        return False
     return environ.get(HOLD_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
