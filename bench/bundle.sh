@@ -65,7 +65,9 @@ if [ -n "$fleet" ]; then
     --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d "$pack/wheels" "${pins[@]}"
   for w in "$pack"/wheels/*.whl; do "${PYTHON:-python3}" -m zipfile -e "$w" "$pack/site"; done
   rm -rf "$pack/wheels"
-  find "$pack/site" -name '*.so' -size +1M -exec strip --strip-debug {} +
+  # FLEET_STRIP=--strip-unneeded drops the static symbol tables too (about 3 MiB less, code
+  # unchanged, backtraces without names): for when the working tree leaves no room.
+  find "$pack/site" -name '*.so' -size +1M -exec strip "${FLEET_STRIP:---strip-debug}" {} +
   printf '{"overlay_tool_sha256_16": "%s", "built": "%s", "fleet": "%s"}\n' "$stamp" \
     "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "${pins[*]}" >"$pack/site/.glmserve-bundle.json"
 fi
