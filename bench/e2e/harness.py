@@ -146,21 +146,31 @@ def stream_once(url: str, max_tokens: int, prompt: str, client: Any) -> streamin
 
 
 def concurrent_streams(url: str, n: int, max_tokens: int, prompt: str) -> dict[str, Any]:
-    """n streams released together; TPOT per stream and aggregate output tok/s over the window."""
+    """n text streams released together (see concurrent_requests)."""
+    reqs = [
+        streaming.StreamRequest(route="generate", prompt=f"{prompt} #{i}", max_tokens=max_tokens)
+        for i in range(n)
+    ]
+    return concurrent_requests(url, reqs)
+
+
+def concurrent_requests(url: str, requests: Sequence[streaming.StreamRequest]) -> dict[str, Any]:
+    """Streams released together; TPOT per stream and aggregate output tok/s over the window."""
     import httpx
 
+    n = len(requests)
     barrier = threading.Barrier(n)
     timings: list[streaming.StreamTiming | None] = [None] * n
     errors: list[str] = []
 
     def worker(i: int) -> None:
-        with httpx.Client(timeout=httpx.Timeout(180.0)) as client:
+        with httpx.Client(timeout=httpx.Timeout(300.0)) as client:
             client.get(
                 url + sglang_api.HEALTH, timeout=10.0
             )  # open the connection before the barrier
             barrier.wait()
             try:
-                timings[i] = stream_once(url, max_tokens, f"{prompt} #{i}", client)
+                timings[i] = streaming.time_stream(url, requests[i], client=client, timeout_s=300.0)
             except streaming.StreamError as exc:
                 errors.append(str(exc))
 

@@ -45,7 +45,7 @@ sys.path[:0] = [str(HERE), str(REPO / "src")]
 import e2e_analysis as an  # noqa: E402
 import harness  # noqa: E402
 
-from glmserve import sglang_api, streaming  # noqa: E402
+from glmserve import streaming  # noqa: E402
 
 LAYERS = 78
 CUDA_GRAPH_MAX_BS = 16
@@ -86,17 +86,8 @@ def token_prompts(vocab: int, seed: int) -> dict[str, list[list[int]]]:
     }
 
 
-def generate(http: Any, url: str, ids: list[int], new_tokens: int) -> list[int]:
-    body = {
-        "input_ids": ids,
-        "sampling_params": {"temperature": 0.0, "max_new_tokens": new_tokens, "ignore_eos": True},
-    }
-    r = http.post(url + sglang_api.GENERATE, json=body, timeout=300.0)
-    r.raise_for_status()
-    return [int(t) for t in r.json()["output_ids"]]
-
-
 def generate_concurrently(url: str, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    """harness.greedy_ids for every prompt at once (one request per thread: a decode batch)."""
     import httpx
 
     out: list[list[int]] = [[] for _ in prompts]
@@ -105,7 +96,7 @@ def generate_concurrently(url: str, prompts: list[list[int]], new_tokens: int) -
     def worker(i: int) -> None:
         try:
             with httpx.Client() as client:
-                out[i] = generate(client, url, prompts[i], new_tokens)
+                (out[i],) = harness.greedy_ids(client, url, [prompts[i]], new_tokens)
         except Exception as exc:
             errors.append(f"{type(exc).__name__}: {exc}")
 
@@ -133,34 +124,11 @@ def stream_tpot(url: str, ids: list[int], max_tokens: int) -> float | None:
 
 
 def concurrent_tpot(url: str, prompts: list[list[int]], max_tokens: int) -> dict[str, Any]:
-    """All streams released together: median TPOT and output tok/s over the window."""
-    import httpx
-
-    barrier = threading.Barrier(len(prompts))
-    timings: list[streaming.StreamTiming | None] = [None] * len(prompts)
-
-    def worker(i: int) -> None:
-        with httpx.Client(timeout=httpx.Timeout(300.0)) as client:
-            client.get(url + sglang_api.HEALTH, timeout=10.0)
-            barrier.wait()
-            req = streaming.StreamRequest(
-                route="generate", input_ids=tuple(prompts[i]), max_tokens=max_tokens
-            )
-            timings[i] = streaming.time_stream(url, req, client=client, timeout_s=300.0)
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(prompts))]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    window = time.perf_counter() - t0
-    done = [t for t in timings if t is not None]
-    return {
-        "tpot_median": an.median(t.tpot_s for t in done),
-        "tok_s": sum(t.output_tokens for t in done) / window,
-        "streams_ok": len(done),
-    }
+    reqs = [
+        streaming.StreamRequest(route="generate", input_ids=tuple(p), max_tokens=max_tokens)
+        for p in prompts
+    ]
+    return harness.concurrent_requests(url, reqs)
 
 
 class Run:
@@ -217,12 +185,12 @@ class Run:
             log(f"start {name}: {shlex.join(argv)}")
             srv.start()
 
-    def wait_ready(self, http: Any, budget_s: float) -> list[str]:
+    def wait_ready(self, budget_s: float) -> list[str]:
         end = time.monotonic() + budget_s
         pending = dict(self.servers)
         while pending and time.monotonic() < end:
             for name, srv in list(pending.items()):
-                if srv.poll_ready(http):
+                if srv.poll_ready():
                     self.doc["servers"][name]["ready_s"] = round(srv.ready_s or 0, 1)
                     log(f"{name} ready after {srv.ready_s:.0f} s")
                     del pending[name]
@@ -243,12 +211,12 @@ class Run:
             t = time.monotonic()
             try:
                 sets = {
-                    "short": [generate(http, url, p, new) for p in prompts["short"]],
-                    "long": [generate(http, url, p, new) for p in prompts["long"]],
+                    "short": harness.greedy_ids(http, url, prompts["short"], new),
+                    "long": harness.greedy_ids(http, url, prompts["long"], new),
                     # Sequential: the first request fills the radix cache, the rest hit it.
-                    "shared_prefix": [generate(http, url, p, new) for p in prompts["shared_prefix"]],
+                    "shared_prefix": harness.greedy_ids(http, url, prompts["shared_prefix"], new),
                     "concurrent": generate_concurrently(url, prompts["concurrent"], new),
-                }  # fmt: skip
+                }
                 got[name] = sets
             except Exception as exc:
                 self.doc["notes"].append(f"greedy on {name} failed: {type(exc).__name__}: {exc}")
@@ -332,7 +300,7 @@ class Run:
         try:
             with httpx.Client() as http:
                 self.start()
-                ready = self.wait_ready(http, a.ready_budget_s)
+                ready = self.wait_ready(a.ready_budget_s)
                 self.save()
                 if "upstream" in ready:
                     self.greedy(http, ready, prompts)

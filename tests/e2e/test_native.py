@@ -1,0 +1,34 @@
+"""bench/e2e/native.py end to end on emulators: four paths started, every prompt set compared
+with upstream, every timed path summarised with its bars (the device run is the same code)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_native_e2e_dry_run_on_emulators(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable, str(REPO / "bench" / "e2e" / "native.py"), "--out", str(tmp_path),
+            "--emulator", "--reps", "1", "--long-reps", "1", "--conc-reps", "1",
+            "--tokens", "8", "--greedy-tokens", "4", "--ready-budget-s", "60",
+        ],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    doc = json.loads((tmp_path / "native-e2e.json").read_text())
+    assert all("ready_s" in s for s in doc["servers"].values()), doc["servers"]
+    assert set(doc["greedy"]) == {"gather", "native", "bf16"}
+    for sets in doc["greedy"].values():
+        counts = {k: v["prompts"] for k, v in sets.items()}
+        assert counts == {"short": 6, "long": 1, "shared_prefix": 4, "concurrent": 16}
+    for path in ("bf16", "gather", "native"):
+        s = doc["summary"][path]
+        assert all(s[k] for k in ("single_128_ms", "single_6000_ms", "conc_16_ms", "conc_16_tok_s"))
+    assert len(doc["bars"]) == 4
+    assert "| native |" in (tmp_path / "native-e2e.md").read_text()
