@@ -42,6 +42,8 @@ import torch
 import triton
 from triton.testing import do_bench
 
+from glmserve.patching.nativecheck import fp64_decode_attention
+
 CKV, KPE, D = 512, 64, 576
 SM_SCALE = 1.0 / math.sqrt(192 + KPE)  # GLM-5: qk_nope 192 + rope 64
 POOL_ROWS = 495_552
@@ -139,16 +141,14 @@ def fp8_pool(rows: int, kind: str, gen: torch.Generator) -> torch.Tensor:
 
 
 class Paths:
-    """FlashInfer wrappers planned like SGLang plans them, plus the two patched paths."""
+    """FlashInfer MLA wrappers planned the way SGLang plans them."""
 
-    def __init__(self, native, gather, heads: int) -> None:
+    def __init__(self, heads: int) -> None:
         import flashinfer.mla
 
-        self.native, self.gather, self.heads = native, gather, heads
+        self.heads = heads
         self.ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
         self.mla = flashinfer.mla
-        self.rows = torch.zeros(1, dtype=torch.int32, device="cuda")
-        self.shadow = None
 
     def plan(self, backend: str, kv_indptr, kv_indices):
         batch = kv_indptr.numel() - 1
@@ -160,11 +160,6 @@ class Paths:
         )  # fmt: skip
         return wrapper
 
-    def shadow_for(self, pool):
-        if self.shadow is None or self.shadow.shape != pool.shape:
-            self.shadow = torch.empty(pool.shape, dtype=torch.bfloat16, device="cuda")
-        return self.shadow
-
 
 def rel_errors(out: torch.Tensor, ref: torch.Tensor, live: torch.Tensor) -> tuple[float, float]:
     """(max, median) over live (request, head) rows of ||out - ref|| / ||ref||."""
@@ -175,15 +170,7 @@ def rel_errors(out: torch.Tensor, ref: torch.Tensor, live: torch.Tensor) -> tupl
 
 def reference(q_nope, q_pe, pool, kv_indptr, kv_indices) -> torch.Tensor:
     """fp64 MLA decode on the FP8 values (the same function every path computes)."""
-    kv = pool.view(pool.shape[0], D)
-    bounds = kv_indptr.tolist()
-    out = torch.zeros(q_nope.shape, dtype=torch.float64, device="cuda")
-    for b in range(q_nope.shape[0]):
-        rows = kv[kv_indices[bounds[b] : bounds[b + 1]].long()].double()
-        if rows.shape[0]:
-            q = torch.cat([q_nope[b], q_pe[b]], dim=-1).double()
-            out[b] = torch.softmax((q @ rows.T) * SM_SCALE, dim=-1) @ rows[:, :CKV]
-    return out
+    return fp64_decode_attention(torch, q_nope, q_pe, pool, kv_indptr, kv_indices, SM_SCALE)
 
 
 def numerics_cases(seed: int) -> list[dict]:
@@ -218,9 +205,9 @@ def numerics_cases(seed: int) -> list[dict]:
     return cases
 
 
-def check_numerics(native, gather, heads: int, pool_rows: int, seed: int) -> list[dict]:
+def check_numerics(native, heads: int, pool_rows: int, seed: int) -> list[dict]:
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    paths = Paths(native, gather, heads)
+    paths = Paths(heads)
     results = []
     pools = {kind: fp8_pool(pool_rows, kind, gen) for kind in ("normal", "wide", "tiny")}
     for case in numerics_cases(seed):
@@ -349,10 +336,9 @@ class Timer:
         self.gen = torch.Generator(device="cuda").manual_seed(seed)
         self.pools = [fp8_pool(pool_rows, "normal", self.gen) for _ in range(LAYERS_PER_GRAPH)]
         self.bf16 = [p.to(torch.bfloat16) for p in self.pools]
-        self.paths = Paths(native, gather, heads)
+        self.paths = Paths(heads)
         self.shadow = torch.empty(self.pools[0].shape, dtype=torch.bfloat16, device="cuda")
         self.rows = torch.zeros(1, dtype=torch.int32, device="cuda")
-        self.sms = torch.cuda.get_device_properties(0).multi_processor_count
 
     def inputs(self, bs: int, ctx: int, shared: int):
         perm = torch.randperm(self.p, device="cuda", generator=self.gen)
@@ -664,7 +650,7 @@ def main() -> int:
     }
     if not args.no_numerics:
         for h in heads_list:
-            doc["numerics"] += check_numerics(native, gather, h, args.pool_rows, args.seed + h)
+            doc["numerics"] += check_numerics(native, h, args.pool_rows, args.seed + h)
         torch.cuda.empty_cache()
     finalists: list[dict] = []
     for h in heads_list:

@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from glmserve.patching import apply  # noqa: E402
+from glmserve.patching.nativecheck import fp64_decode_attention  # noqa: E402
 from glmserve.patching.selftest import load_kernel_module  # noqa: E402
 from glmserve.patching.wheels import extract_site, fetch_wheel  # noqa: E402
 
@@ -130,7 +131,7 @@ def test_matches_fp64_attention_on_the_same_fp8_values(
     empty = torch.tensor(lens) == 0
     assert (out[empty] == 0).all(), "an empty request must give zeros"
     if total:
-        ref = native.reference_mla_decode(q_nope, q_pe, pool, indptr, idx, SM_SCALE)
+        ref = fp64_decode_attention(torch, q_nope, q_pe, pool, indptr, idx, SM_SCALE)
         upstream = upstream_numerics(q_nope, q_pe, pool, indptr, idx)
         worst = float(row_errors(out, ref, lens).max())
         worst_upstream = float(row_errors(upstream, ref, lens).max())
@@ -146,7 +147,7 @@ def test_split_count_does_not_change_the_function(native):
     idx = torch.randperm(600, generator=gen)[:500].to(torch.int32)
     q_nope = torch.randn(1, 16, 512, generator=gen).bfloat16()
     q_pe = torch.randn(1, 16, 64, generator=gen).bfloat16()
-    ref = native.reference_mla_decode(q_nope, q_pe, pool, indptr, idx, SM_SCALE)
+    ref = fp64_decode_attention(torch, q_nope, q_pe, pool, indptr, idx, SM_SCALE)
     config = native.LaunchConfig(32, 4, 1, 1, min_chunk=32)
     for splits in (1, 3, 16):
         out = torch.full_like(q_nope, float("nan"))
@@ -168,8 +169,8 @@ def test_slots_outside_the_pool_are_never_read(native):
     native.mla_decode_fp8(
         q_nope, q_pe, pool, torch.tensor([0, 5], dtype=torch.int32), idx, SM_SCALE, out
     )
-    ref = native.reference_mla_decode(
-        q_nope, q_pe, pool, torch.tensor([0, 3], dtype=torch.int32), valid, SM_SCALE
+    ref = fp64_decode_attention(
+        torch, q_nope, q_pe, pool, torch.tensor([0, 3], dtype=torch.int32), valid, SM_SCALE
     )
     assert float(row_errors(out, ref, [3]).max()) < REL_TOL
 

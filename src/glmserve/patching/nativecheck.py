@@ -53,7 +53,11 @@ def _pool(torch: Any, rows: int, device: Any, gen: Any) -> Any:
     return (torch.randn((rows, 1, 576), device=device, generator=gen)).to(torch.float8_e4m3fn)
 
 
-def _reference(torch: Any, q_nope, q_pe, pool, kv_indptr, kv_indices) -> Any:
+def fp64_decode_attention(
+    torch: Any, q_nope, q_pe, pool, kv_indptr, kv_indices, sm_scale: float = SM_SCALE
+) -> Any:
+    """The definition: MLA decode attention in fp64 on the pool's FP8 values (one query token
+    per request; an empty request gives zeros). The oracle of the self-test, bench and tests."""
     kv = pool.view(pool.shape[0], 576)
     bounds = kv_indptr.tolist()
     out = torch.zeros(q_nope.shape, dtype=torch.float64, device=q_nope.device)
@@ -61,7 +65,7 @@ def _reference(torch: Any, q_nope, q_pe, pool, kv_indptr, kv_indices) -> Any:
         rows = kv[kv_indices[bounds[b] : bounds[b + 1]].long()].double()
         if rows.shape[0]:
             q = torch.cat([q_nope[b], q_pe[b]], dim=-1).double()
-            out[b] = torch.softmax((q @ rows.T) * SM_SCALE, dim=-1) @ rows[:, :512]
+            out[b] = torch.softmax((q @ rows.T) * sm_scale, dim=-1) @ rows[:, :512]
     return out
 
 
@@ -107,7 +111,7 @@ def run_native_checks(
         idx[total // 2] = pool_rows - 1
         q_nope = torch.randn(batch, HEADS, 512, device=device, generator=gen).bfloat16()
         q_pe = torch.randn(batch, HEADS, 64, device=device, generator=gen).bfloat16()
-        ref = _reference(torch, q_nope, q_pe, pool, indptr, idx)
+        ref = fp64_decode_attention(torch, q_nope, q_pe, pool, indptr, idx)
         out = torch.full_like(q_nope, float("nan"))
         kernel(q_nope, q_pe, pool, indptr, idx, SM_SCALE, out)
         if not bool(torch.isfinite(out).all()):
@@ -160,7 +164,7 @@ def _graph_case(
         empty = torch.tensor(lens, device=device) == 0
         if not bool(torch.isfinite(out).all()) or not bool((out[empty] == 0).all()):
             raise NativeCheckFailure(f"CUDA graph replay {lens}: output not written as defined")
-        ref = _reference(torch, q_nope, q_pe, pool, indptr, idx[: sum(lens)])
+        ref = fp64_decode_attention(torch, q_nope, q_pe, pool, indptr, idx[: sum(lens)])
         worst = max(worst, _worst_row_error(torch, out, ref, lens))
     # No FlashInfer inside the graph: the bar is the worst upstream error of the eager cases.
     if worst > max(BAR * worst_upstream, BF16_ROUNDING):
