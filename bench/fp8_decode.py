@@ -31,16 +31,14 @@ import importlib.util
 import itertools
 import json
 import math
-import platform
 import random
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
+import gather_cast  # bench/gather_cast.py: the timing and environment helpers
 import torch
-import triton
-from triton.testing import do_bench
+from gather_cast import copy_ceiling_tbs, versions
 
 from glmserve.patching.nativecheck import fp64_decode_attention
 
@@ -80,49 +78,11 @@ def load_module(path: str | None, name: str):
     return module, path
 
 
-def versions() -> dict[str, str]:
-    from importlib.metadata import version
-
-    out = {"python": platform.python_version(), "torch": torch.__version__}
-    out["triton"] = triton.__version__
-    for dist in ("flashinfer-python", "sglang"):
-        try:
-            out[dist] = version(dist)
-        except Exception as exc:
-            out[dist] = f"unknown ({type(exc).__name__})"
-    smi = subprocess.run(
-        ["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm", "--format=csv,noheader"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    out["nvidia-smi"] = smi.stdout.strip()
-    out["cuda"] = str(torch.version.cuda)
-    return out
-
-
-def median_us(fn, rep_ms: int = 120) -> float:
-    return do_bench(fn, warmup=20, rep=rep_ms, return_mode="median") * 1e3
-
-
 def graph_us(step, rep_ms: int = 120) -> float:
     """Capture `step` (all layers) once; median replay time per layer in µs."""
-    step()  # eager warm-up: Triton compile, FlashInfer module load, workspace allocation
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    graph.replay()
-    torch.cuda.synchronize()
-    t = median_us(graph.replay, rep_ms) / LAYERS_PER_GRAPH
+    t, graph = gather_cast.graph_us(step, LAYERS_PER_GRAPH, rep_ms)
     del graph
     return t
-
-
-def copy_ceiling_tbs() -> float:
-    n = 1 << 30
-    src = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    t_us = median_us(lambda: dst.copy_(src))
-    return 2 * n / (t_us * 1e-6) / 1e12
 
 
 def fp8_pool(rows: int, kind: str, gen: torch.Generator) -> torch.Tensor:

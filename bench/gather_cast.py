@@ -86,11 +86,11 @@ def versions() -> dict[str, str]:
     return out
 
 
-def median_us(fn) -> float:
-    return do_bench(fn, warmup=25, rep=150, return_mode="median") * 1e3
+def median_us(fn, rep_ms: int = 150) -> float:
+    return do_bench(fn, warmup=25, rep=rep_ms, return_mode="median") * 1e3
 
 
-def graph_us(step, n_layers: int) -> tuple[float, torch.cuda.CUDAGraph]:
+def graph_us(step, n_layers: int, rep_ms: int = 150) -> tuple[float, torch.cuda.CUDAGraph]:
     """Capture `step` (all layers) once, return median replay time per layer in µs."""
     step()  # eager warm-up: Triton compile, FlashInfer module load, allocator state
     torch.cuda.synchronize()
@@ -99,7 +99,7 @@ def graph_us(step, n_layers: int) -> tuple[float, torch.cuda.CUDAGraph]:
         step()
     graph.replay()
     torch.cuda.synchronize()
-    return median_us(graph.replay) / n_layers, graph
+    return median_us(graph.replay, rep_ms) / n_layers, graph
 
 
 def copy_ceiling_tbs() -> float:
