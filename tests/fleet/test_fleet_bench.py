@@ -97,3 +97,22 @@ def test_the_device_server_command_passes_the_launchers_validation(tmp_path):
     assert last_value(final, "--cuda-graph-max-bs") == str(plan.users)
     assert last_value(final, "--mem-fraction-static") == "0.4"
     assert "--sleep-on-idle" in final and final[final.index("--port") + 1] == "31001"
+
+
+def test_render_redraws_the_report_from_a_runs_json(tmp_path):
+    """--render rebuilds fleet.md from fleet.json alone, with the prefill the caches saved."""
+    bench = load_bench()
+    phase = {"policy": "cache_aware", "workers": ["A", "B"], "locust_output_tokens_per_s": 1234.5,
+             "locust_requests": 10, "locust_ttft_p50_ms": 9.87, "locust_tpot_p50_ms": None,
+             "locust_failures": {"broken_stream": 2}, "request_share": {"A": 0.25, "B": 0.75},
+             "cache_hit_rate": 0.9,
+             "server_counters": {s: {"sglang:prompt_tokens_total": 500.0,
+                                     "sglang:cached_tokens_total": 450.0} for s in "AB"}}  # fmt: skip
+    data = {"meta": {"mode": "device", "router_version": "0.3.2", "date": "d", "command": "c",
+                     "servers": "s", "plan": {}},
+            "phases": {"C-ca": phase}, "skipped": [], "derived": {}}  # fmt: skip
+    src = tmp_path / "fleet.json"
+    src.write_text(json.dumps(data))
+    assert bench.main(["--mode", "device", "--out", str(tmp_path / "r"), "--render", str(src)]) == 0
+    row = "| C-ca | cache_aware | A+B | 1,234 | 10 | 9.9 | n/a | 2 | A 25%, B 75% | 90.0% | 100 |"
+    assert row in (tmp_path / "r" / "fleet.md").read_text()

@@ -154,3 +154,19 @@ def test_on_the_real_box_each_variant_reaches_sglang_with_its_own_kv_dtype(tmp_p
         assert sglang[sglang.index("--host") + 1] == "127.0.0.1"
         gather = "off" if variant.env.get("GLMSERVE_FP8_GATHER") == "0" else "on"
         assert report["sglang"]["fp8_gather"] == gather, variant.name
+
+
+def test_the_report_names_the_model_the_launcher_will_load(tmp_path):
+    def run_for(*args: str, environ: dict[str, str]) -> smoke.Run:
+        ns = smoke._parser().parse_args(["--server", "emulator", "--out", str(tmp_path), *args])
+        ns.model_path = ns.model_path or environ.get("GLMSERVE_MODEL_PATH")
+        return smoke.Run(ns, environ)
+
+    # No path given: the profile's own default, as the launcher resolves it.
+    tiny = run_for("--profile", "tiny-mla", environ={})
+    assert tiny.meta["model_path"] == str(REPO / "entrypoint" / "models" / "tiny-mla")
+    # Given (flag or environment): that one.
+    given = run_for("--profile", "tiny-mla", environ={"GLMSERVE_MODEL_PATH": "/model"})
+    assert given.meta["model_path"] == "/model"
+    # A GLM profile names no default: the report says none was given rather than guessing.
+    assert run_for("--profile", "glm5-nvfp4-b200-tp8", environ={}).meta["model_path"] is None

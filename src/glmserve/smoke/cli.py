@@ -76,23 +76,23 @@ def _env_or(value: Any, environ: Mapping[str, str], key: str) -> str | None:
     return environ.get(key) or None
 
 
-def patched_path_of(
+def profile_facts(
     profile_name: str | None, profiles_dir: str | None, environ: Mapping[str, str]
-) -> bool:
+) -> tuple[bool, Path | None]:
     """Whether the profile (plus GLMSERVE_EXTRA_ARGS) decodes on the patched flashinfer path,
-    worked out exactly as the launcher does."""
+    worked out exactly as the launcher does, and the model dir it names by default."""
     from glmserve.launch.cli import parse_extra_env
     from glmserve.launch.errors import LaunchError
     from glmserve.launch.profiles import find_profiles_dir, load_profile, uses_patched_path
 
     if profile_name is None:
-        return True
+        return True, None
     try:
         profile = load_profile(find_profiles_dir(environ, profiles_dir), profile_name)
         extra = parse_extra_env(environ.get("GLMSERVE_EXTRA_ARGS"))
     except LaunchError as exc:
         raise SmokeError(str(exc)) from None
-    return uses_patched_path([*profile.args, *extra])
+    return uses_patched_path([*profile.args, *extra]), profile.model.default_path
 
 
 def port_in_use(port: int) -> bool:
@@ -160,7 +160,7 @@ class Run:
         self.port = int(ns.port or environ.get("GLMSERVE_PORT") or DEFAULT_PORT)
         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         self.out = Path(ns.out or Path("smoke-report") / stamp)
-        self.patched = patched_path_of(ns.profile, ns.profiles_dir, environ)
+        self.patched, default_model = profile_facts(ns.profile, ns.profiles_dir, environ)
         names = [n.strip() for n in ns.variants.split(",") if n.strip()]
         try:
             self.variants = select(self.patched, names)
@@ -174,7 +174,8 @@ class Run:
             "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "command": shlex.join(["python", "-m", PROG, *sys.argv[1:]]),
             "profile": ns.profile,
-            "model_path": ns.model_path or environ.get("GLMSERVE_MODEL_PATH"),
+            # ns.model_path already took GLMSERVE_MODEL_PATH; else the launcher uses the profile's.
+            "model_path": ns.model_path or (str(default_model) if default_model else None),
             "server": ns.server,
             "decode_path": "patched flashinfer" if self.patched else "not the patched path",
             "port": self.port,
