@@ -25,20 +25,8 @@ torch = pytest.importorskip("torch")
 from glmserve.patching import classcheck, selftest  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "patching"))
-from backend_mutants import WRONG, mutate  # noqa: E402
+from backend_mutants import OBSERVABLE, WRONG, mutate  # noqa: E402
 
-# Wrong wirings whose effect shows in the numbers (the rules refuse every mutant statically).
-OBSERVABLE = (
-    "extend gathers with the decode wrapper's indices",
-    "decode gathers with the eager wrapper, runs the step's (CUDA-graph) wrapper",
-    "note_rows fed the persistent indptr buffer instead of this step's",
-    "note_rows in a dead branch",
-    "the target-verify / draft-extend path (spec_info) loses its row count",
-    "the gather converts another pool than upstream does",
-    "native decode reads the eager wrapper's indices (stale under CUDA graphs)",
-    "the native kernel reads another layer's pool",
-    "the native guard inverted: native never runs with the mode on",
-)
 CHECK_BUDGET_S = 30.0
 
 

@@ -375,6 +375,23 @@ WRONG = [
     for m in WRONG
 ]
 
+
+# Wrong wirings whose effect shows in the numbers, run by the class checks on the CPU and the GPU
+# (the rules refuse every mutant statically; the rest are caught by the rules alone: e.g. a lost
+# host indptr only matters when the host count exceeds the device one).
+OBSERVABLE = (
+    "extend gathers with the decode wrapper's indices",
+    "decode gathers with the eager wrapper, runs the step's (CUDA-graph) wrapper",
+    "note_rows fed the persistent indptr buffer instead of this step's",
+    "note_rows in a dead branch",
+    "the target-verify / draft-extend path (spec_info) loses its row count",
+    "the gather converts another pool than upstream does",
+    "native decode reads the eager wrapper's indices (stale under CUDA graphs)",
+    "the native kernel reads another layer's pool",
+    "the native guard inverted: native never runs with the mode on",
+)
+assert set(OBSERVABLE) <= {m.name for m in WRONG}, "OBSERVABLE names a mutant WRONG lacks"
+
 RIGHT = [
     one(
         "the replay plan as a plain function, its host indptr counted",

@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 sys.path.insert(0, str(Path(__file__).parent))
-from backend_mutants import WRONG, mutate  # noqa: E402
+from backend_mutants import OBSERVABLE, WRONG, mutate  # noqa: E402
 from sglang_standins import BACKEND_REL, BASE_REL, GATHER_REL, cpu_parts  # noqa: E402
 
 from glmserve.patching import apply  # noqa: E402
@@ -27,19 +27,6 @@ from glmserve.patching.classcheck import SMALL, WiringFailure, run_class_checks 
 from glmserve.patching.wheels import extract_site, fetch_wheel  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-# Wrong wirings whose effect shows in the numbers (the rest are caught by the rules alone:
-# e.g. a lost host indptr only matters when the host count exceeds the device one).
-OBSERVABLE = (
-    "extend gathers with the decode wrapper's indices",
-    "decode gathers with the eager wrapper, runs the step's (CUDA-graph) wrapper",
-    "note_rows fed the persistent indptr buffer instead of this step's",
-    "note_rows in a dead branch",
-    "the target-verify / draft-extend path (spec_info) loses its row count",
-    "the gather converts another pool than upstream does",
-    "native decode reads the eager wrapper's indices (stale under CUDA graphs)",
-    "the native kernel reads another layer's pool",
-    "the native guard inverted: native never runs with the mode on",
-)
 
 
 @pytest.fixture(scope="module")
