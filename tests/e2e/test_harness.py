@@ -4,7 +4,6 @@ own validation, and a full dry run drives three emulated servers through every p
 from __future__ import annotations
 
 import importlib.util
-import io
 import json
 import os
 import sys
@@ -16,36 +15,13 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench" / "e2e"))
 
 import e2e_analysis as an  # noqa: E402
+from support.launch import dry_run_plan  # noqa: E402
 from support.policy import require  # noqa: E402
-
-from glmserve.launch import cli as launch_cli  # noqa: E402
-from glmserve.launch.host import Host  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("e2e_harness", REPO / "bench" / "e2e" / "harness.py")
 assert _spec and _spec.loader
 harness = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(harness)
-
-
-def _host(environ: dict[str, str]) -> Host:
-    """The launcher's host double: SGLang 0.5.12.post1 patched, never imported or started.
-
-    The real file checks (version, marker, preflight) are the patch tool's tests; here the point
-    is that the harness's flags compose with the real profiles the way the bars need.
-    """
-    marker = {"series": "0.5.12.post1", "sglang_version": "0.5.12.post1", "lock_sha256": "0" * 64}
-
-    def no_exec(*_args: object) -> None:
-        raise AssertionError("--dry-run must not exec")
-
-    return Host(
-        environ=environ,
-        sglang_site=lambda: Path("/nonexistent/site"),
-        detect_version=lambda _site: "0.5.12.post1",
-        read_marker=lambda _site: dict(marker),
-        preflight=lambda _site: [],
-        execvpe=no_exec,
-    )
 
 
 def _last(argv: list[str], flag: str) -> str:
@@ -64,12 +40,8 @@ def test_device_argv_is_accepted_by_the_launcher(tmp_path: Path, key: str) -> No
     }
     argv = harness.launch_argv(spec, "device", paths, sys.executable)
     assert argv[1:3] == ["-m", "glmserve.launch"]
-    cut = argv.index("--")
-    own = [*argv[3:cut], "--dry-run", *argv[cut:]]
     environ = {"GLMSERVE_FP8_GATHER": spec.fp8_gather, "PATH": os.environ.get("PATH", "")}
-    out, err = io.StringIO(), io.StringIO()
-    assert launch_cli.run(own, _host(environ), out=out, err=err) == 0, err.getvalue()
-    plan = json.loads(out.getvalue())
+    plan = dry_run_plan(argv[3:], environ)
     sg = plan["argv"]
     assert sg[1:3] == ["-m", "sglang.launch_server"]
     # Our pass-through flags must win over the profile's (they come later).

@@ -4,15 +4,14 @@ device command lines through the launcher's own validation (the GPU run is the l
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support.launch import dry_run_plan
 
-from glmserve.launch import Host, run
 from glmserve.launch.fit import last_value
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,16 +81,8 @@ def test_the_device_server_command_passes_the_launchers_validation(tmp_path):
     )
     argv = bench.server_argv("device", 31001, args, plan, tmp_path / "bi.json")
     assert argv[1:3] == ["-m", "glmserve.launch"]
-    host = Host(
-        environ={"HOME": str(tmp_path), "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "fi")},
-        sglang_site=lambda: tmp_path,
-        detect_version=lambda _s: "0.5.12.post1",
-        read_marker=lambda _s: {"series": "0.5.12.post1", "sglang_version": "0.5.12.post1"},
-        preflight=lambda _s: [],
-    )
-    out = io.StringIO()
-    assert run(["--dry-run", *argv[3:]], host, out=out) == 0
-    final = json.loads(out.getvalue())["argv"]
+    environ = {"HOME": str(tmp_path), "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "fi")}
+    final = dry_run_plan(argv[3:], environ)["argv"]
     # SGLang's argparse keeps the last occurrence: the bench's values override the profile's.
     assert last_value(final, "--max-total-tokens") == str(plan.pool_tokens)
     assert last_value(final, "--cuda-graph-max-bs") == str(plan.users)

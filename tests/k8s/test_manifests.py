@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import copy
 import gzip
-import io
 import json
 from pathlib import Path
 from typing import Any
@@ -20,9 +19,10 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from support.launch import dry_run_plan
 
 from glmserve.fleet.router import RouterConfig
-from glmserve.launch import Host, load_profile, run
+from glmserve.launch import load_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
@@ -126,16 +126,8 @@ def test_each_pod_runs_the_launcher_with_a_valid_multi_node_plan(index, tmp_path
     assert "command" not in container  # the image's ENTRYPOINT: python3 -m glmserve.launch
     args = fill(container["args"], {**LWS_ENV, "LWS_WORKER_INDEX": index})
     args[args.index("--model-path") + 1] = str(ROOT / "tests" / "fixtures" / "glm5-nvfp4")
-    host = Host(
-        environ={"HOME": str(tmp_path), "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "fi")},
-        sglang_site=lambda: tmp_path,
-        detect_version=lambda _s: "0.5.12.post1",
-        read_marker=lambda _s: {"series": "0.5.12.post1", "sglang_version": "0.5.12.post1"},
-        preflight=lambda _s: [],
-    )
-    out = io.StringIO()
-    assert run(["--dry-run", *args], host, out=out) == 0
-    plan = json.loads(out.getvalue())
+    environ = {"HOME": str(tmp_path), "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "fi")}
+    plan = dry_run_plan(args, environ)
     argv = plan["argv"]
     assert argv[argv.index("--node-rank") + 1] == index
     assert argv[argv.index("--dist-init-addr") + 1] == "glmserve-0.glmserve:25000"

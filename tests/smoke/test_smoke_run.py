@@ -4,7 +4,6 @@ validation (dry run), so the variant's KV dtype really reaches SGLang's argv."""
 
 from __future__ import annotations
 
-import io
 import json
 import socket
 import subprocess
@@ -12,9 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.launch import dry_run_plan
 
-from glmserve.launch import cli as launch_cli
-from glmserve.launch.host import Host
 from glmserve.smoke import cli as smoke
 from glmserve.smoke.variants import select
 
@@ -117,26 +115,6 @@ def test_bad_input_is_one_line(args, fragment, monkeypatch):
     assert fragment in line
 
 
-def _dry_run(argv: list[str], env: dict[str, str]) -> dict:
-    """The launcher's --dry-run of a smoke command line, with a patched SGLang double."""
-    marker = {"series": "0.5.12.post1", "sglang_version": "0.5.12.post1", "lock_sha256": "0" * 64}
-    host = Host(
-        environ=env,
-        sglang_site=lambda: Path("/nonexistent/site"),
-        detect_version=lambda _site: "0.5.12.post1",
-        read_marker=lambda _site: dict(marker),
-        preflight=lambda _site: [],
-    )
-    launcher_args = argv[3:]  # drop "python -m glmserve.launch"
-    cut = launcher_args.index("--")
-    out = io.StringIO()
-    assert (
-        launch_cli.run([*launcher_args[:cut], "--dry-run", *launcher_args[cut:]], host, out=out)
-        == 0
-    )
-    return json.loads(out.getvalue())
-
-
 def test_on_the_real_box_each_variant_reaches_sglang_with_its_own_kv_dtype(tmp_path, monkeypatch):
     """Even with the BF16 fallback left in GLMSERVE_EXTRA_ARGS, the FP8 variants run FP8."""
     monkeypatch.setenv("GLMSERVE_EXTRA_ARGS", '["--kv-cache-dtype", "bfloat16"]')
@@ -146,7 +124,7 @@ def test_on_the_real_box_each_variant_reaches_sglang_with_its_own_kv_dtype(tmp_p
     )
     for variant in select(patched_path=True):
         argv, env = smoke.launcher_command(variant, ns, 30555, tmp_path / "b.json")
-        report = _dry_run(argv, env)
+        report = dry_run_plan(argv[3:], env)  # argv[3:]: after python -m glmserve.launch
         sglang = report["argv"]
         kv = [sglang[i + 1] for i, a in enumerate(sglang) if a == "--kv-cache-dtype"]
         assert kv[-1] == variant.kv_cache_dtype, variant.name  # argparse keeps the last one

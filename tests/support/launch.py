@@ -43,3 +43,28 @@ class Outcome:
     out: str
     err: str
     rec: Recorder
+
+
+def dry_run_plan(launcher_args: list[str], environ: dict[str, str]) -> dict[str, Any]:
+    """The launcher's --dry-run plan for `launcher_args` (what follows `python -m
+    glmserve.launch`), on a host whose SGLang is the pinned release, patched, and never imported,
+    preflighted or started: the point is how the caller's flags meet the real profiles."""
+    import io
+    import json
+
+    from glmserve.launch import Host, run
+
+    def no_exec(*_args: object) -> None:
+        raise AssertionError("--dry-run must not exec")
+
+    host = Host(
+        environ=environ,
+        sglang_site=lambda: Path("/nonexistent/site"),
+        detect_version=lambda _site: PINNED,
+        read_marker=lambda _site: good_marker(),
+        preflight=lambda _site: [],
+        execvpe=no_exec,
+    )
+    out, err = io.StringIO(), io.StringIO()
+    assert run(["--dry-run", *launcher_args], host, out=out, err=err) == 0, err.getvalue()
+    return json.loads(out.getvalue())
