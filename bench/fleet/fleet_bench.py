@@ -27,7 +27,6 @@ phase (fleet.json, fleet.md), so a deadline keeps whatever finished.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import signal
@@ -45,7 +44,9 @@ REPO = HERE.parents[1]
 if (REPO / "src" / "glmserve").is_dir():
     sys.path.insert(0, str(REPO / "src"))
 
+from glmserve import sglang_api  # noqa: E402
 from glmserve.fleet.testing import free_port, start_router  # noqa: E402
+from glmserve.serverproc import ServerProcess, stop_all  # noqa: E402
 
 LOCUSTFILE = REPO / "loadtest" / "decode.py"
 # Router health settings for the bench: fast registration, no effect on routed requests.
@@ -81,48 +82,14 @@ class Plan:
 # ------------------------------------------------------------------ servers
 
 
-@dataclass
-class Server:
-    name: str
-    port: int
-    argv: list[str]
-    log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
-    ready_s: float | None = None
+class Server(ServerProcess):
+    """glmserve.serverproc's process, under the name (A, B) the results use."""
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, env: dict[str, str]) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "wb") as fh:
-            # Own session, so stopping the group also stops SGLang's scheduler children.
-            self.proc = subprocess.Popen(self.argv, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                         start_new_session=True)  # fmt: skip
-        pid_file = os.environ.get("E2E_PGID_FILE")
-        if pid_file:  # device_run.sh stops these groups if a run is killed at the tool's limit
-            with open(pid_file, "a") as f:
-                f.write(f"{self.proc.pid}\n")
-
-    def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
-                return r.status == 200
-        except (OSError, ValueError):
-            return False
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+    def __init__(self, name: str, port: int, argv: list[str], env: dict[str, str], log_path: Path):
+        # device_run.sh stops these groups if a run is killed at the tool's limit.
+        super().__init__(argv, env, log_path, f"http://127.0.0.1:{port}",
+                         pid_file=os.environ.get("E2E_PGID_FILE"))  # fmt: skip
+        self.name, self.port = name, port
 
 
 def server_argv(mode: str, port: int, args: argparse.Namespace, plan: Plan, build_info: Path):
@@ -150,7 +117,7 @@ def server_argv(mode: str, port: int, args: argparse.Namespace, plan: Plan, buil
 def metric_sum(url: str, name: str) -> float:
     """Sum of every series of a counter in the server's /metrics (0 when it has none yet)."""
     try:
-        with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        with urllib.request.urlopen(url + sglang_api.METRICS, timeout=10) as r:
             text = r.read().decode()
     except OSError:
         return float("nan")
@@ -170,7 +137,7 @@ def counters(servers: list[Server]) -> dict[str, dict[str, float]]:
 
 
 def flush_cache(server: Server) -> bool:
-    req = urllib.request.Request(server.url + "/flush_cache", method="POST")
+    req = urllib.request.Request(server.url + sglang_api.FLUSH_CACHE, method="POST")
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             return r.status == 200
@@ -368,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("A", "B"):
         port = free_port()
         argv_s = server_argv(args.mode, port, args, plan, args.out / "buildinfo" / f"{name}.json")
-        servers.append(Server(name, port, argv_s, args.out / "logs" / f"{name}.log"))
+        servers.append(Server(name, port, argv_s, env, args.out / "logs" / f"{name}.log"))
     results.meta["servers"] = " ".join(servers[0].argv[1:]).replace(str(servers[0].port), "PORT")
     interrupted: list[int] = []
 
@@ -380,21 +347,20 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_term)
     try:
         for s in servers:  # both at once: the second waits on the first's JIT lock, not longer
-            s.start(env)
-        t0 = time.monotonic()
-        while not all(s.ready_s for s in servers):
-            for s in servers:
-                if s.ready_s is None and s.healthy():
-                    s.ready_s = round(time.monotonic() - t0, 1)
-                    log(f"{s.name} ready after {s.ready_s} s")
-                if s.proc is not None and s.proc.poll() is not None:
-                    raise RuntimeError(
-                        f"{s.name} exited with {s.proc.returncode}; see {s.log_path}"
-                    )
-            if time.monotonic() - t0 > args.ready_timeout_s:
+            s.start()
+        t_ready = time.monotonic() + args.ready_timeout_s
+        waiting = list(servers)
+        while waiting:
+            for s in [s for s in waiting if s.poll_ready()]:
+                log(f"{s.name} ready after {s.ready_s:.1f} s")
+                waiting.remove(s)
+            failed = [s for s in waiting if s.error]
+            if failed:
+                raise RuntimeError(f"{failed[0].name} {failed[0].error}; see {failed[0].log_path}")
+            if waiting and time.monotonic() > t_ready:
                 raise RuntimeError(f"servers not ready in {args.ready_timeout_s:g} s")
             time.sleep(1)
-        results.meta["ready_s"] = {s.name: s.ready_s for s in servers}
+        results.meta["ready_s"] = {s.name: round(s.ready_s or 0.0, 1) for s in servers}
         a, b = servers
         throughput = ["-u", str(plan.users), "--warmup-s", str(plan.warmup_s),
                       "--measure-s", str(plan.measure_s), "--max-tokens", str(plan.max_tokens),
@@ -418,8 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         log("interrupted: saving what finished")
     finally:
-        for s in servers:
-            s.stop()
+        stop_all(servers, grace_s=20)
         results.meta["wall_s"] = round(time.monotonic() - t_start, 1)
         results.save()
     print((args.out / "fleet.md").read_text())
