@@ -22,7 +22,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -41,19 +40,13 @@ if (REPO / "src" / "glmserve").is_dir() and importlib.util.find_spec("glmserve")
 import e2e_analysis as an  # noqa: E402
 
 from glmserve import sglang_api, streaming  # noqa: E402
-from glmserve.serverproc import ServerProcess, stop_all  # noqa: E402
+from glmserve.serverproc import ServerProcess, free_port, stop_all  # noqa: E402
 
 ITL_METRIC = "sglang:inter_token_latency_seconds"
 
 
 def log(msg: str) -> None:
     print(f"[e2e {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------- launching

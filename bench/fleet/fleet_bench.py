@@ -45,8 +45,8 @@ if (REPO / "src" / "glmserve").is_dir():
     sys.path.insert(0, str(REPO / "src"))
 
 from glmserve import sglang_api  # noqa: E402
-from glmserve.fleet.testing import free_port, start_router  # noqa: E402
-from glmserve.serverproc import ServerProcess, stop_all  # noqa: E402
+from glmserve.fleet.testing import start_router  # noqa: E402
+from glmserve.serverproc import ServerProcess, free_port, stop_all  # noqa: E402
 
 LOCUSTFILE = REPO / "loadtest" / "decode.py"
 # Router health settings for the bench: fast registration, no effect on routed requests.

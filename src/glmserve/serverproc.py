@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
@@ -21,6 +22,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from glmserve import sglang_api
+
+
+def free_port() -> int:
+    """A 127.0.0.1 port that was free a moment ago (for servers that need the port up front)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 class ServerProcess:

@@ -26,7 +26,8 @@ from support.livestack import PROM_DIR, Load, Prometheus, wait_all_series
 from glmserve.emulator.testing import RunningEmulator, start_process
 from glmserve.fleet.router import RouterConfig
 from glmserve.fleet.spec import FleetSpec, Worker, write_targets
-from glmserve.fleet.testing import RunningRouter, free_port, start_router
+from glmserve.fleet.testing import RunningRouter, start_router
+from glmserve.serverproc import free_port
 
 pytest.importorskip("sglang_router", reason="pip install '.[router]'")
 pytestmark = pytest.mark.slow

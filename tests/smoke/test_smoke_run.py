@@ -12,18 +12,13 @@ from pathlib import Path
 
 import pytest
 from support.launch import dry_run_plan
+from support.net import free_port
 
 from glmserve.smoke import cli as smoke
 from glmserve.smoke.variants import select
 
 REPO = Path(__file__).resolve().parents[2]
 GLM_FIXTURE = REPO / "tests" / "fixtures" / "glm5-nvfp4"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _smoke(*args: str, **kw) -> subprocess.CompletedProcess:
@@ -40,7 +35,7 @@ def _smoke(*args: str, **kw) -> subprocess.CompletedProcess:
 def test_a_full_rehearsal_on_the_emulator_passes_and_writes_the_report(tmp_path):
     out = tmp_path / "report"
     proc = _smoke("--server", "emulator", "--profile", "glm5-nvfp4-rtxpro6000-tp8",
-                  "--port", str(_free_port()), "--long-tokens", "3000", "--out", str(out))  # fmt: skip
+                  "--port", str(free_port()), "--long-tokens", "3000", "--out", str(out))  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     data = json.loads((out / "smoke.json").read_text())
     assert data["meta"]["complete"] is True
@@ -59,7 +54,7 @@ def test_a_full_rehearsal_on_the_emulator_passes_and_writes_the_report(tmp_path)
 
 def test_a_dsa_profile_runs_bf16_against_fp8_as_shipped(tmp_path):
     proc = _smoke("--server", "emulator", "--profile", "glm5-nvfp4-b200-tp8", "--long-tokens",
-                  "1000", "--port", str(_free_port()), "--out", str(tmp_path))  # fmt: skip
+                  "1000", "--port", str(free_port()), "--out", str(tmp_path))  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:]
     data = json.loads((tmp_path / "smoke.json").read_text())
     assert [v["name"] for v in data["variants"]] == ["bf16-kv", "fp8"]
@@ -78,7 +73,7 @@ def test_a_variant_that_does_not_start_fails_the_run(tmp_path, monkeypatch):
     monkeypatch.setattr(smoke, "emulator_command", broken)
     code = smoke.main(["--server", "emulator", "--profile", "glm5-nvfp4-rtxpro6000-tp8",
                        "--variants", "fp8-native", "--long-tokens", "1000",
-                       "--port", str(_free_port()), "--out", str(tmp_path)])  # fmt: skip
+                       "--port", str(free_port()), "--out", str(tmp_path)])  # fmt: skip
     assert code == 1
     data = json.loads((tmp_path / "smoke.json").read_text())
     served = next(c for c in data["checks"] if c["name"] == "served")

@@ -18,7 +18,6 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from glmserve.fleet.router import RouterConfig, router_argv
+from glmserve.serverproc import free_port
 
 NO_EGRESS = {
     "HTTPS_PROXY": "http://127.0.0.1:9",
@@ -39,12 +39,6 @@ NO_EGRESS = {
     "no_proxy": "127.0.0.1,localhost",
     "HF_HUB_OFFLINE": "1",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get_json(url: str, timeout_s: float = 2.0) -> Any:
@@ -173,4 +167,4 @@ def router_process(workers: Sequence[str], **kwargs: Any) -> Iterator[RunningRou
         router.close()
 
 
-__all__ = ["NO_EGRESS", "RunningRouter", "free_port", "router_process", "start_router"]
+__all__ = ["NO_EGRESS", "RunningRouter", "router_process", "start_router"]
