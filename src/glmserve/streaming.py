@@ -394,10 +394,13 @@ def time_stream(
     timeout_s: float = 60.0,
     clock: Callable[[], float] = time.perf_counter,
     keep_content: bool = False,
+    max_bytes: int | None = None,
 ) -> StreamTiming:
     """Send one streaming request with httpx (sync) and time it. Raises StreamError.
 
     `client` is an `httpx.Client`; injected so callers share connections and tests can mock.
+    `max_bytes` caps the body: a stream far longer than the request asked for is malformed, and
+    reading it whole would grow the caller's memory until the deadline.
     """
     import httpx  # imported here: the core package stays stdlib-only
 
@@ -411,7 +414,11 @@ def time_stream(
             if r.status_code >= 300:
                 body = r.read().decode("utf-8", "replace")[:200]
                 raise StreamError("http_status", f"HTTP {r.status_code}: {body}")
+            received = 0
             for chunk in r.iter_raw():
+                received += len(chunk)
+                if max_bytes is not None and received > max_bytes:
+                    raise StreamError("malformed_sse", f"stream over {max_bytes} bytes")
                 timer.feed(chunk)
                 if clock() > deadline:
                     raise StreamError("timeout", f"stream exceeded {timeout_s:g} s")

@@ -37,6 +37,7 @@ def exporter(emulator_port: int, tmp_path: Path) -> Iterator[Exporter]:
             canary_max_tokens=8,
             canary_timeout_s=5.0,
             probe_timeout_s=2.0,
+            probe_interval_s=0.1,
             build_info_file=str(tmp_path / "build-info.json"),
         )
     )

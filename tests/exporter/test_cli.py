@@ -64,6 +64,11 @@ def test_durations(text, seconds):
     [
         (["--canary.interval", "soon"], {}, "canary.interval"),
         (["--canary.interval", "0s"], {}, "positive"),
+        # inf once overflowed the canary thread's wait and left a dead canary behind /metrics.
+        (["--canary.interval", "inf"], {}, "finite"),
+        (["--canary.timeout", "1e400"], {}, "finite"),
+        (["--probe.interval", "nan"], {}, "finite"),
+        ([], {env_name("probe.timeout"): "Infinity"}, "environment: probe.timeout"),
         (["--canary.max-tokens", "1"], {}, "canary.max-tokens"),
         (["--canary.max-tokens", "many"], {}, "not an integer"),
         (["--target", "127.0.0.1:30000"], {}, "target"),

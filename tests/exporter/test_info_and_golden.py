@@ -74,7 +74,8 @@ def check_golden(name: str, text: str) -> None:
 
 def test_golden_metrics_healthy_target(tmp_path):
     """A healthy, patched FP8 target after one canary run: the full exposition is pinned."""
-    registry, _, canary = build(tmp_path, {})
+    registry, collector, canary = build(tmp_path, {})
+    assert collector.refresh()
     assert canary.run_once() is None
     text = generate_latest(registry).decode()
     # Prometheus scrapes SGLang directly: nothing of SGLang's own is re-exported here.
@@ -86,22 +87,26 @@ def test_golden_metrics_healthy_target(tmp_path):
 def test_golden_metrics_target_down_after_it_was_up(tmp_path):
     """Down: up 0, a counted probe failure and canary failure, and the last known info kept."""
     state: dict = {}
-    registry, _, canary = build(tmp_path, state)
-    generate_latest(registry)  # one good scrape while up
+    registry, collector, canary = build(tmp_path, state)
+    assert collector.refresh()  # one good probe while up
     state["down"] = True
     assert canary.run_once() == "connect"
+    assert not collector.refresh()
     check_golden("metrics_target_down.prom", generate_latest(registry).decode())
 
 
 def test_up_follows_the_target_and_recovers(tmp_path):
     state: dict = {"down": True}
-    registry, _, _ = build(tmp_path, state, build_info=None)
+    registry, collector, _ = build(tmp_path, state, build_info=None)
+    assert registry.get_sample_value("glmserve_target_up") == 0  # before the first probe
+    assert not collector.refresh()
     assert registry.get_sample_value("glmserve_target_up") == 0
     # Nothing known yet (no server info, no build file): no info series at all.
     assert registry.get_sample_value("glmserve_server_info", {"summary": ""}) is None
     text = generate_latest(registry).decode()
     assert "glmserve_server_info" not in text
     state["down"] = False
+    assert collector.refresh()
     assert registry.get_sample_value("glmserve_target_up") == 1
     reasons = {"reason": "connect"}
     assert registry.get_sample_value("glmserve_target_probe_failures_total", reasons) >= 1
@@ -110,6 +115,7 @@ def test_up_follows_the_target_and_recovers(tmp_path):
 def test_falls_back_to_deprecated_get_server_info(tmp_path):
     registry, collector, _ = build(tmp_path, {"old_server": True})
     assert collector.probe() == SERVER_INFO
+    assert collector.refresh()
     assert registry.get_sample_value("glmserve_target_up") == 1
 
 
@@ -124,7 +130,7 @@ def test_falls_back_to_deprecated_get_server_info(tmp_path):
 def test_probe_failures_are_counted_by_reason(response, reason):
     registry = CollectorRegistry()
     collector = TargetInfoCollector(TARGET, mock_client(lambda req: response), registry, None)
-    assert collector.probe() is None
+    assert not collector.refresh()
     assert registry.get_sample_value("glmserve_target_up") == 0
     count = registry.get_sample_value("glmserve_target_probe_failures_total", {"reason": reason})
     assert count is not None and count >= 1
@@ -135,7 +141,7 @@ def test_probe_timeout_is_its_own_reason():
         raise httpx.ReadTimeout("timed out")
 
     registry = CollectorRegistry()
-    TargetInfoCollector(TARGET, mock_client(handler), registry, None)
+    TargetInfoCollector(TARGET, mock_client(handler), registry, None).refresh()
     assert registry.get_sample_value("glmserve_target_up") == 0
     assert registry.get_sample_value("glmserve_target_probe_failures_total", {"reason": "timeout"})
 
@@ -144,7 +150,7 @@ def test_corrupt_build_info_file_is_not_fatal(tmp_path):
     path = tmp_path / "build-info.json"
     path.write_text("{not json")
     registry = CollectorRegistry()
-    TargetInfoCollector(TARGET, mock_client(info_handler({})), registry, path)
+    TargetInfoCollector(TARGET, mock_client(info_handler({})), registry, path).refresh()
     text = generate_latest(registry).decode()
     assert 'summary="FP8 KV, patch unknown, pool 495k"' in text
 
@@ -180,7 +186,8 @@ def test_summary_line(labels, build_present, expected):
 
 
 def test_info_labels_come_from_server_info_and_build_file(tmp_path):
-    registry, _, _ = build(tmp_path, {})
+    registry, collector, _ = build(tmp_path, {})
+    collector.refresh()
     text = generate_latest(registry).decode()
     line = next(ln for ln in text.splitlines() if ln.startswith("glmserve_server_info{"))
     for key, value in [

@@ -39,6 +39,7 @@ def exporter(fake: SSEServer, tmp_path) -> Iterator[Exporter]:
         canary_max_tokens=fake.n_tokens,
         canary_timeout_s=1.0,
         probe_timeout_s=1.0,
+        probe_interval_s=0.1,
         build_info_file=str(tmp_path / "absent.json"),
     )
     running = start(config)

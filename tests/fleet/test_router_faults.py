@@ -169,6 +169,7 @@ def test_router_restart_gives_clean_errors_and_clients_recover(workers, tmp_path
             canary_max_tokens=8,
             canary_timeout_s=5.0,
             probe_timeout_s=2.0,
+            probe_interval_s=0.1,
         )
     )
     probe: list[tuple[float, str, float]] = []  # (monotonic start, outcome, seconds)

@@ -46,6 +46,15 @@ TTFT_BUCKETS = (
 )  # fmt: skip
 assert TPOT_SLO_S in TPOT_BUCKETS and TPOT_SLO_S in SGLANG_ITL_BUCKETS
 
+# The canary's stream is capped at this many bytes per requested token (SGLang's chat chunk with
+# usage is ~400 B), plus room for the role and usage chunks: an endless body costs a bounded read.
+STREAM_BYTES_PER_TOKEN = 2048
+STREAM_BYTES_OVERHEAD = 64 * 1024
+
+
+def stream_byte_cap(max_tokens: int) -> int:
+    return STREAM_BYTES_OVERHEAD + max_tokens * STREAM_BYTES_PER_TOKEN
+
 
 def canary_overhead(
     interval_s: float, max_tokens: int, tpot_s: float, ttft_s: float, decode_slots: int
@@ -166,6 +175,7 @@ class Canary:
                 client=self.client,
                 timeout_s=self.timeout_s,
                 clock=self._clock,
+                max_bytes=stream_byte_cap(self.request.max_tokens),
             )
         except StreamError as exc:
             return self._failed(t0, exc.reason, str(exc))

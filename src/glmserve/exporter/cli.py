@@ -52,6 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--canary.model", dest="canary.model", metavar="NAME")
     p.add_argument("--canary.timeout", dest="canary.timeout", metavar="DURATION")
     p.add_argument("--probe.timeout", dest="probe.timeout", metavar="DURATION")
+    p.add_argument(
+        "--probe.interval",
+        dest="probe.interval",
+        metavar="DURATION",
+        help="how often /server_info is probed in the background (a scrape never waits for it)",
+    )
     p.add_argument("--build-info.file", dest="build-info.file", metavar="PATH")
     p.add_argument(
         "--log.level", dest="log.level", default="info", choices=["debug", "info", "warning"]
@@ -74,6 +80,7 @@ class Exporter:
     server: Any
     thread: threading.Thread
     canary: Any
+    prober: Any
     clients: list[Any]
 
     @property
@@ -83,6 +90,7 @@ class Exporter:
     def stop(self) -> None:
         if self.canary is not None:
             self.canary.stop()
+        self.prober.stop()
         self.server.shutdown()
         self.server.server_close()
         for client in self.clients:
@@ -102,7 +110,13 @@ def start(config: ExporterConfig) -> Exporter:
     disable_created_metrics()
     registry = CollectorRegistry()
     probe_client = httpx.Client(timeout=httpx.Timeout(config.probe_timeout_s))
-    TargetInfoCollector(config.target, probe_client, registry, config.build_info_file)
+    prober = TargetInfoCollector(
+        config.target,
+        probe_client,
+        registry,
+        config.build_info_file,
+        deadline_s=config.probe_timeout_s,
+    )
     clients = [probe_client]
     canary = None
     if config.canary_enabled:
@@ -128,9 +142,10 @@ def start(config: ExporterConfig) -> Exporter:
         )
     host, port = config.listen_host_port
     server, thread = start_http_server(port, addr=host, registry=registry)
+    prober.start(config.probe_interval_s)
     if canary is not None:
         canary.start()
-    return Exporter(config, server, thread, canary, clients)
+    return Exporter(config, server, thread, canary, prober, clients)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

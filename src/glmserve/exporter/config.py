@@ -9,6 +9,7 @@ Every bad value is reported as a single ConfigError line naming where it came fr
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -38,6 +39,7 @@ class ExporterConfig:
     canary_model: str = "default"
     canary_timeout_s: float = 60.0
     probe_timeout_s: float = 3.0
+    probe_interval_s: float = 5.0
     build_info_file: str = buildinfo.DEFAULT_PATH
 
     @property
@@ -78,8 +80,9 @@ def parse_duration(value: Any) -> float:
                 seconds = float(text)
             except ValueError:
                 raise ValueError(f"not a duration: {value!r} (use e.g. 500ms, 15s, 1m)") from None
-    if not seconds > 0:
-        raise ValueError(f"duration must be positive, got {value!r}")
+    # inf would overflow the thread waits that use it (and nan compares false everywhere).
+    if not 0 < seconds < math.inf:
+        raise ValueError(f"duration must be positive and finite, got {value!r}")
     return seconds
 
 
@@ -103,6 +106,7 @@ KEYS: dict[str, tuple[str, Any]] = {
     "canary.model": ("canary_model", str),
     "canary.timeout": ("canary_timeout_s", parse_duration),
     "probe.timeout": ("probe_timeout_s", parse_duration),
+    "probe.interval": ("probe_interval_s", parse_duration),
     "build-info.file": ("build_info_file", str),
 }
 

@@ -1,4 +1,4 @@
-"""Target health and the build/info metric, probed at scrape time.
+"""Target health and the build/info metric, probed in the background.
 
 SGLang's /metrics says how fast the server is, not *what* it is: which KV dtype, backend and
 pool size, and whether our patch series is in. The info metric joins GET /server_info with the
@@ -8,9 +8,11 @@ alert can catch an FP8 pool running the upstream full-pool cast.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -111,11 +113,51 @@ def summarize(labels: dict[str, str], build_present: bool) -> str:
     return ", ".join(parts)
 
 
-class TargetInfoCollector(Collector):
-    """`glmserve_target_up` and `glmserve_server_info`, fetched on each scrape.
+# A real /server_info is tens of kilobytes; anything past this cap is not one, and reading it
+# whole would let a broken target grow the exporter's memory without bound.
+MAX_INFO_BYTES = 1 << 20
 
+
+class ProbeFailed(Exception):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+def read_bounded(
+    client: httpx.Client,
+    url: str,
+    *,
+    deadline_s: float,
+    max_bytes: int,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[int, bytes]:
+    """GET url: (status, body), or ProbeFailed once the body passes max_bytes or the whole
+    request passes deadline_s (checked after every read, each read bounded by the client's read
+    timeout, so the worst case is deadline_s plus one read timeout)."""
+    t_end = clock() + deadline_s
+    # identity: the cap counts the bytes we hold, and a compressed body could expand past it.
+    with client.stream("GET", url, headers={"Accept-Encoding": "identity"}) as resp:
+        if resp.headers.get("content-encoding", "identity") != "identity":
+            raise ProbeFailed("malformed", "compressed body although identity was asked for")
+        body = bytearray()
+        for chunk in resp.iter_bytes():
+            body += chunk
+            if len(body) > max_bytes:
+                raise ProbeFailed("malformed", f"body over {max_bytes} bytes")
+            if clock() > t_end:
+                raise ProbeFailed("timeout", f"body still arriving after {deadline_s:g} s")
+        return resp.status_code, bytes(body)
+
+
+class TargetInfoCollector(Collector):
+    """`glmserve_target_up` and `glmserve_server_info`, from the last background probe.
+
+    A scrape never waits for the target: `refresh()` probes it (from `start()`'s thread, every
+    interval_s) and `collect()` only reads what the last probe left, so /metrics answers at once
+    whether the target is fast, hung or streaming an endless body.
     The last good server info is kept while the target is down, so the build panel still says
-    what was running; `glmserve_target_up` says whether it is running now.
+    what was running; `glmserve_target_up` says whether the last probe reached it.
     """
 
     def __init__(
@@ -124,16 +166,22 @@ class TargetInfoCollector(Collector):
         client: httpx.Client,
         registry: CollectorRegistry,
         build_info_file: str | Path | None,
+        *,
+        deadline_s: float = 3.0,
+        max_bytes: int = MAX_INFO_BYTES,
     ) -> None:
         self.target = target.rstrip("/")
         self.client = client
         self.build_info_file = build_info_file
+        self.deadline_s = deadline_s
+        self.max_bytes = max_bytes
         self._lock = threading.Lock()
+        self._up = False
         self._last_server: dict[str, str] | None = None
         self._last_limits: dict[str, float] = {}
-        # Counted here rather than in a registered Counter so that the scrape which sees the
-        # target fail also shows that failure (a Counter would be collected before the probe).
         self.failures = dict.fromkeys(PROBE_FAILURE_REASONS, 0)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
         registry.register(self)
 
     def describe(self) -> list[Metric]:
@@ -142,34 +190,72 @@ class TargetInfoCollector(Collector):
 
     def probe(self) -> dict[str, Any] | None:
         """GET the server info; None (and a counted reason) when the target is not healthy."""
-        reason, detail = "", ""
-        # The deprecated alias only when the current path is missing (404).
-        for path in sglang_api.SERVER_INFO_PATHS:
-            try:
-                resp = self.client.get(self.target + path)
-            except httpx.TimeoutException as exc:
-                reason, detail = "timeout", repr(exc)
-                break
-            except httpx.TransportError as exc:
-                reason, detail = "connect", repr(exc)
-                break
-            if resp.status_code == 404 and path != sglang_api.SERVER_INFO_PATHS[-1]:
-                continue
-            if resp.status_code >= 300:
-                reason, detail = "http_status", f"HTTP {resp.status_code} on {path}"
-                break
-            try:
-                body = resp.json()
-            except ValueError:
-                body = None
-            if not isinstance(body, dict):
-                reason, detail = "malformed", f"{path} did not return a JSON object"
-                break
-            return body
+        try:
+            return self._fetch_info()
+        except ProbeFailed as exc:
+            reason, detail = exc.reason, str(exc)
+        except httpx.TimeoutException as exc:
+            reason, detail = "timeout", repr(exc)
+        except httpx.TransportError as exc:
+            reason, detail = "connect", repr(exc)
         with self._lock:
             self.failures[reason] += 1
         log.debug("target probe failed (%s): %s", reason, detail)
         return None
+
+    def _fetch_info(self) -> dict[str, Any]:
+        # The deprecated alias only when the current path is missing (404).
+        for path in sglang_api.SERVER_INFO_PATHS:
+            status, raw = read_bounded(
+                self.client,
+                self.target + path,
+                deadline_s=self.deadline_s,
+                max_bytes=self.max_bytes,
+            )
+            if status == 404 and path != sglang_api.SERVER_INFO_PATHS[-1]:
+                continue
+            if status >= 300:
+                raise ProbeFailed("http_status", f"HTTP {status} on {path}")
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                body = None
+            if not isinstance(body, dict):
+                raise ProbeFailed("malformed", f"{path} did not return a JSON object")
+            return body
+        raise AssertionError("unreachable: the last path always returns or raises")
+
+    def refresh(self) -> bool:
+        """Probe once and keep the result for the scrapes that follow; True when up."""
+        body = self.probe()
+        with self._lock:
+            self._up = body is not None
+            if body is not None:
+                self._last_server = server_fields(body)
+                self._last_limits = server_limits(body)
+        return body is not None
+
+    def start(self, interval_s: float) -> None:
+        """Probe at once, then every interval_s, in a thread of its own (one probe at a time)."""
+        self._thread = threading.Thread(
+            target=self._loop, args=(interval_s,), name="target-probe", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _loop(self, interval_s: float) -> None:
+        while not self._stop.is_set():
+            try:
+                self.refresh()
+            except Exception:  # a bug in one probe must not leave the target's state frozen
+                log.exception("target probe crashed")
+                with self._lock:
+                    self._up = False
+            self._stop.wait(interval_s)
 
     def read_build(self) -> dict[str, str] | None:
         if not self.build_info_file:
@@ -186,18 +272,16 @@ class TargetInfoCollector(Collector):
         return buildinfo.read_launch_error(self.build_info_file)
 
     def collect(self) -> Iterator[Metric]:
-        body = self.probe()
         with self._lock:
-            if body is not None:
-                self._last_server = server_fields(body)
-                self._last_limits = server_limits(body)
+            up = self._up
             server = self._last_server
             limits = dict(self._last_limits)
             failures = dict(self.failures)
         up = GaugeMetricFamily(
             "glmserve_target_up",
-            "1 if the target answered GET /server_info with a JSON object on this scrape.",
-            value=1.0 if body is not None else 0.0,
+            "1 if the target answered GET /server_info with a JSON object on the last "
+            "background probe (every probe.interval; a scrape never waits for the target).",
+            value=1.0 if up else 0.0,
         )
         yield up
         counter = CounterMetricFamily(
