@@ -17,6 +17,7 @@ from support.launch import (
     Recorder,
     good_marker,
     gpus_like,
+    pinned_sglang_parser,
 )
 
 from glmserve.launch import Gpu, Host, LaunchError, run
@@ -68,6 +69,7 @@ def launch(base_env: dict[str, str]) -> Callable[..., Outcome]:
             detect_version=lambda _site: version,
             read_marker=lambda _site: good_marker() if marker == "good" else marker,
             preflight=lambda _site: list(preflight or []),
+            sglang_parser=pinned_sglang_parser,
             run_selftest=fake_selftest,
             execvpe=lambda file, args, e: rec.execs.append((file, list(args), dict(e))),
         )

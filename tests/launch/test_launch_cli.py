@@ -21,6 +21,7 @@ from support.launch import (
     RTX,
     TINY_MODEL,
     gpus_like,
+    pinned_sglang_parser,
 )
 
 from glmserve import buildinfo
@@ -248,7 +249,10 @@ def test_bad_extra_args_env_is_refused(launch, raw, fragment):
     assert_refused(outcome, "GLMSERVE_EXTRA_ARGS", fragment)
 
 
-@pytest.mark.parametrize("flag", ["--tp-size", "--port", "--model-path", "--host=0.0.0.0"])
+@pytest.mark.parametrize(
+    "flag",
+    ["--tp-size", "--port", "--model-path", "--host=0.0.0.0", "--tp-s", "--model-pa", "--hos=::"],
+)
 def test_extra_args_may_not_set_launcher_owned_flags(launch, flag):
     outcome = launch(["--profile", "tiny-mla", "--", flag, "4"])
     assert_refused(outcome, flag.split("=")[0], "set by the launcher")
@@ -627,6 +631,7 @@ def _host_for_main(base_env, extra_env, waits):
             "lock_sha256": "ab" * 32,
         },
         preflight=lambda _site: [],
+        sglang_parser=pinned_sglang_parser,
         gpus=lambda _env: gpus_like(RTX, 8),
         driver_version=lambda: "580.95.05",
         cuda_version=lambda _env: "13.0",

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from support.launch import GLM_FIXTURE, PINNED, PROFILES_DIR, REPO
 
+from glmserve.launch.sglang_argv import SERVER_ARGS_FILE
 from glmserve.patching import apply
 from glmserve.patching.errors import PatchError
 from glmserve.patching.series import load_lock
@@ -35,6 +36,7 @@ def pristine(tmp_path_factory, require) -> Path:
         require(False, f"cannot get the sglang {PINNED} wheel: {exc}")
     lock, _ = load_lock(PATCHES)
     members = [p for p, h in lock["series"][PINNED]["files"].items() if h["before"] is not None]
+    members.append(SERVER_ARGS_FILE)  # the launcher reads SGLang's parser from it
     return extract_site(wheel, tmp_path_factory.mktemp("sglang-pristine"), members)
 
 
@@ -87,6 +89,52 @@ def test_dry_run_on_a_patched_tree_keeps_a_json_arg_intact(patched, tmp_path):
         "patch_in_use": True,
         "fp8_gather": "on",
     }
+
+
+@pytest.mark.parametrize(
+    ("extra", "flag", "reads"),
+    [
+        (["--hos", "0.0.0.0"], "--hos", "--host"),
+        (["--tp-s", "64"], "--tp-s", "--tp-size"),
+        (["--model-pa", "/etc"], "--model-pa", "--model-path"),
+        (["--hos=0.0.0.0"], "--hos", "--host"),
+        # Ambiguous (--dist-init-addr, --dist-timeout): SGLang would refuse it too.
+        (["--dist", "10.0.0.1:5000"], "--dist", None),
+    ],
+)
+def test_an_abbreviated_extra_arg_cannot_override_a_launcher_owned_flag(
+    patched, tmp_path, extra, flag, reads
+):
+    """The probe's override: argparse takes unique prefixes, so `--hos 0.0.0.0` is `--host`."""
+    proc = launch(patched, tmp_path, "--dry-run", "--profile", "tiny-mla", "--", *extra)
+    assert proc.returncode == 2, proc.stdout
+    [line] = proc.stderr.splitlines()
+    assert line.startswith("glmserve.launch: error: ") and flag in line
+    if reads:
+        assert f"set by the launcher itself (SGLang reads it as {reads})" in line
+    else:
+        assert "ambiguous" in line
+
+
+def test_a_config_file_of_sglang_options_is_refused(patched, tmp_path):
+    """`--config FILE` merges YAML keys into SGLang's argv, out of this check's sight."""
+    proc = launch(patched, tmp_path, "--dry-run", "--profile", "tiny-mla", "--", "--conf", "x.yaml")
+    assert proc.returncode == 2
+    [line] = proc.stderr.splitlines()
+    assert "--conf reads more SGLang options from a file" in line
+
+
+def test_secret_values_are_redacted_from_the_printed_plan(patched, tmp_path):
+    proc = launch(
+        patched, tmp_path, "--dry-run", "--profile", "tiny-mla",
+        "--", "--api-key", "s3cret-1", "--admin-api-k=s3cret-2", "--ssl-keyfile-password", "s3cret-3",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "s3cret" not in proc.stdout + proc.stderr
+    argv = json.loads(proc.stdout)["argv"]
+    assert argv[-5:] == [
+        "--api-key", "<redacted>", "--admin-api-k=<redacted>", "--ssl-keyfile-password", "<redacted>"
+    ]  # fmt: skip
 
 
 def test_dsa_profile_dry_runs_on_an_unpatched_tree(pristine, tmp_path):

@@ -19,9 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
-from support.launch import PINNED, PROFILE_NAMES, PROFILES_DIR
+from support.launch import PINNED, PROFILE_NAMES, PROFILES_DIR, pinned_sglang_parser
 
 from glmserve.launch.profiles import LAUNCHER_OWNED_FLAGS, parse_profile_file
+from glmserve.launch.sglang_argv import resolve
 from glmserve.patching.errors import PatchError
 from glmserve.patching.wheels import default_cache_dir, fetch_wheel
 
@@ -268,3 +269,13 @@ def test_the_checker_rejects_what_it_should(specs):
     ]
     problems = check_argv(bad, specs)
     assert len(problems) == 6, problems
+
+
+def test_the_launchers_view_of_the_parser_knows_every_sglang_option(specs):
+    """glmserve.launch.sglang_argv rebuilds SGLang's parser: each option (and alias) resolves to
+    a dest there, so an abbreviation of any of them is resolved as SGLang resolves it."""
+    parser = pinned_sglang_parser()
+    unresolved = [option for option in specs if resolve(parser, option) is None]
+    assert not unresolved and len(specs) > 300
+    assert resolve(parser, "--tp") == resolve(parser, "--tp-s") == resolve(parser, "--tp-size")
+    assert resolve(parser, "--no-such-flag") is None

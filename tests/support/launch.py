@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
+import functools
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from glmserve.launch import Gpu
+from glmserve.launch.sglang_argv import SERVER_ARGS_FILE, parser_from_source
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILES_DIR = REPO / "entrypoint" / "profiles"
@@ -18,6 +22,28 @@ PROFILE_NAMES = sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
 RTX = Gpu(index=0, name="NVIDIA RTX PRO 6000 Blackwell Workstation Edition", capability=(12, 0))
 B200 = Gpu(index=0, name="NVIDIA B200", capability=(10, 0))
 H200 = Gpu(index=0, name="NVIDIA H200", capability=(9, 0))
+
+
+@functools.lru_cache(maxsize=1)
+def pinned_server_args_source() -> str:
+    """The pinned SGLang's server_args.py, from its wheel (downloaded once into .cache/wheels)."""
+    from glmserve.patching.errors import PatchError
+    from glmserve.patching.wheels import fetch_wheel
+    from support.policy import require
+
+    try:
+        wheel = fetch_wheel(PINNED)
+    except PatchError as exc:
+        require(False, f"cannot get the sglang {PINNED} wheel: {exc}")
+        raise
+    with zipfile.ZipFile(wheel) as zf:
+        return zf.read(SERVER_ARGS_FILE).decode("utf-8")
+
+
+def pinned_sglang_parser(_site: Path | None = None) -> argparse.ArgumentParser:
+    """The launcher's view of the pinned SGLang's argument parser, for a Host double whose
+    site-packages are not real."""
+    return parser_from_source(pinned_server_args_source())
 
 
 def gpus_like(proto: Gpu, n: int) -> list[Gpu]:
@@ -63,6 +89,7 @@ def dry_run_plan(launcher_args: list[str], environ: dict[str, str]) -> dict[str,
         detect_version=lambda _site: PINNED,
         read_marker=lambda _site: good_marker(),
         preflight=lambda _site: [],
+        sglang_parser=pinned_sglang_parser,
         execvpe=no_exec,
     )
     out, err = io.StringIO(), io.StringIO()

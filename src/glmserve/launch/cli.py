@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from glmserve import buildinfo
-from glmserve.launch import checks, fit
+from glmserve.launch import checks, fit, sglang_argv
 from glmserve.launch.errors import LaunchError
 from glmserve.launch.host import Host
 from glmserve.launch.profiles import (
@@ -167,16 +167,6 @@ def parse_extra_env(raw: str | None) -> list[str]:
     return value
 
 
-def _check_extra(extra: Sequence[str]) -> None:
-    for arg in extra:
-        flag = arg.split("=", 1)[0]
-        if flag in LAUNCHER_OWNED_FLAGS:
-            raise LaunchError(
-                f"extra SGLang arg {flag} is set by the launcher itself; use its own input "
-                "(--model-path, --tp, --host, --port or their GLMSERVE_* variables)"
-            )
-
-
 def _pick(cli: Any, environ: Mapping[str, str], key: str) -> str | None:
     if cli is not None:
         return str(cli)
@@ -214,7 +204,6 @@ def resolve_inputs(
     port_raw = _pick(ns.port, environ, "port")
     port = _int("port", port_raw, 1, 65535) if port_raw is not None else DEFAULT_PORT
     extra = [*parse_extra_env(environ.get(EXTRA_ARGS_ENV)), *extra_cli]
-    _check_extra(extra)
     allow_any = ns.allow_any_arch or checks.parse_bool(
         ENV_INPUTS["allow_any_arch"], environ.get(ENV_INPUTS["allow_any_arch"])
     )
@@ -342,6 +331,7 @@ def _fit(plan: Plan, gpus: Sequence[Any] | None) -> fit.Fit | None:
 
 def _report(
     plan: Plan,
+    shown_argv: list[str],
     sglang: dict[str, Any],
     gpus: str,
     warnings: list[str],
@@ -354,7 +344,7 @@ def _report(
         "tp": plan.inputs.tp,
         "nnodes": plan.inputs.nnodes,
         "fit": None if fitted is None else fitted.as_dict(),
-        "argv": plan.argv,
+        "argv": shown_argv,  # secret values redacted
         # Only the variables the profile manages (plus the patch switch): the full environment
         # may hold tokens and must not be echoed into CI logs.
         "env": plan.managed,
@@ -395,6 +385,11 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
     marker = host.read_marker(site) if site is not None and version is not None else None
     checks.check_sglang(profile, site, version, marker, require_patch=patched_path)
     assert site is not None  # check_sglang refused otherwise
+    # Asked of SGLang's own parser: `--hos` or `--tp-s=64` would override the launcher's checks.
+    parser = host.sglang_parser(site)
+    where = f"profile '{profile.name}' arg"
+    sglang_argv.check_not_owned(parser, profile.args, LAUNCHER_OWNED_FLAGS, where)
+    sglang_argv.check_not_owned(parser, inputs.extra_args, LAUNCHER_OWNED_FLAGS, "extra SGLang arg")
     if patched_path:
         problems = host.preflight(site)
         if problems:
@@ -415,9 +410,10 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
         "fp8_gather": fp8_gather or "n/a",
     }
     warnings = [w for w in [checks.cuda_graph_warning(plan.argv)] if w]
+    shown = sglang_argv.redact(parser, plan.argv)  # what is printed; SGLang gets plan.argv
     if ns.dry_run:
         fitted = _fit(plan, None)
-        report = _report(plan, sglang_info, "not probed (--dry-run)", warnings, fitted)
+        report = _report(plan, shown, sglang_info, "not probed (--dry-run)", warnings, fitted)
         json.dump(report, out, indent=2)
         out.write("\n")
         return 0
@@ -435,7 +431,7 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
         print(f"{PROG}: {unsupported}", file=err)
         fp8_gather = sglang_info["fp8_gather"] = "off"
     if ns.check:
-        json.dump(_report(plan, sglang_info, gpu_line, warnings, fitted), out, indent=2)
+        json.dump(_report(plan, shown, sglang_info, gpu_line, warnings, fitted), out, indent=2)
         out.write("\n")
         return 0
     checks.check_build_info_target(inputs.build_info)
@@ -481,7 +477,7 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
             "source": "launcher",
         },
     )
-    print(f"{PROG}: profile {profile.name} on {gpu_line}; exec {json.dumps(plan.argv)}", file=err)
+    print(f"{PROG}: profile {profile.name} on {gpu_line}; exec {json.dumps(shown)}", file=err)
     out.flush()
     err.flush()
     host.execvpe(plan.argv[0], plan.argv, plan.env)

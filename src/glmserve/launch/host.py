@@ -6,6 +6,7 @@ every refusal can be tested on a CPU-only box with an injected inventory.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import time
@@ -16,6 +17,7 @@ from typing import Any, NoReturn
 
 from glmserve.launch.errors import LaunchError
 from glmserve.launch.inventory import Gpu, cuda_runtime_version, detect_gpus, driver_version
+from glmserve.launch.sglang_argv import load_parser
 
 
 def sglang_site() -> Path | None:
@@ -97,6 +99,8 @@ class Host:
     sglang_site: Callable[[], Path | None] = sglang_site
     detect_version: Callable[[Path], str] = detect_version
     read_marker: Callable[[Path], dict[str, Any] | None] = read_marker
+    # SGLang's argument parser, rebuilt from the installed server_args.py (never imported).
+    sglang_parser: Callable[[Path], argparse.ArgumentParser] = load_parser
     preflight: Callable[[Path], list[str]] = preflight
     run_selftest: Callable[[Mapping[str, str]], tuple[str, str, str]] = run_selftest
     execvpe: Callable[[str, list[str], Mapping[str, str]], Any] = _exec

@@ -1,0 +1,218 @@
+"""SGLang's own command-line parser, as the launcher needs it: to see what an argv *means*.
+
+SGLang parses `sglang.launch_server`'s argv with a plain argparse parser (`prepare_server_args`:
+`ArgumentParser(prog="sglang serve")`, then `ServerArgs.add_cli_args`). argparse accepts any
+unique prefix of a long option and the `--flag=value` form, so `--hos 0.0.0.0` *is* `--host`:
+checking extra args by name lets them override what the launcher validated. So the check asks the
+parser itself which option each argument resolves to.
+
+Importing SGLang needs torch and its whole dependency tree, and the launcher must stay cheap
+(and testable on a CPU box), so the parser is rebuilt from the installed SGLang's
+`server_args.py`: every `parser.add_argument(...)` of `add_cli_args` with its literal option
+strings, action, nargs, dest and const. Types, choices and defaults are left out; they do not
+change which option an argument resolves to. argparse itself then does the resolution, with the
+settings SGLang uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import functools
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from glmserve.launch.errors import LaunchError
+
+SERVER_ARGS_FILE = "sglang/srt/server_args.py"
+PARSER_PROG = "sglang serve"  # prepare_server_args' parser; allow_abbrev left at True
+
+# SGLang's own argparse.Action subclasses, by the behaviour that matters for resolution: whether
+# the option consumes a value (nargs), which SGLang passes or defaults in their __init__.
+_VALUELESS_ACTIONS = {"DeprecatedStoreTrueAction", "DeprecatedAction"}
+_STORE_ACTIONS = {"LoRAPathAction"}
+
+# `--config FILE` merges a YAML file into the argv (server_args_config_parser): its keys could set
+# anything, unseen by this check, so it is refused like a launcher-owned flag.
+CONFIG_DEST = "config"
+
+# Values never printed: the plan and the exec log line show REDACTED instead.
+SECRET_DESTS = ("api_key", "admin_api_key", "ssl_keyfile_password")
+REDACTED = "<redacted>"
+
+
+class _ParseError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    # The check must never print usage or exit the launcher: `-h` among the extra args included.
+    def error(self, message: str) -> NoReturn:
+        raise _ParseError(message)
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        raise _ParseError(message or "exits")
+
+    def print_help(self, file: Any = None) -> None:
+        pass
+
+
+def _literal(node: ast.AST) -> Any:
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        return None
+
+
+def _action(node: ast.AST | None) -> tuple[Any, dict[str, Any]]:
+    """(action for add_argument, extra kwargs) for SGLang's `action=` expression."""
+    if node is None:
+        return "store", {}
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value, {}
+    name = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", None)
+    if name == "BooleanOptionalAction":
+        return argparse.BooleanOptionalAction, {}
+    if name in _VALUELESS_ACTIONS:
+        return "store_const", {"const": True}
+    if name in _STORE_ACTIONS:
+        return "store", {}
+    raise LaunchError(
+        f"cannot read SGLang's argument parser: unknown action {ast.unparse(node)} in "
+        f"{SERVER_ARGS_FILE}"
+    )
+
+
+def _add_cli_args(tree: ast.Module) -> ast.FunctionDef:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == "ServerArgs":
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == "add_cli_args":
+                    return item
+    raise LaunchError(
+        f"cannot read SGLang's argument parser: no ServerArgs.add_cli_args in {SERVER_ARGS_FILE}"
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def parser_from_source(source: str) -> argparse.ArgumentParser:
+    """The parser `ServerArgs.add_cli_args` builds, rebuilt from its source (see the module doc)."""
+    parser = _Parser(prog=PARSER_PROG, argument_default=argparse.SUPPRESS)
+    for node in ast.walk(_add_cli_args(ast.parse(source))):
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "add_argument"
+        ):
+            continue
+        options = [_literal(a) for a in node.args]
+        if not options or not all(isinstance(o, str) for o in options):
+            raise LaunchError(
+                f"cannot read SGLang's argument parser: {ast.unparse(node)[:80]} has "
+                "non-literal option strings"
+            )
+        keywords = {k.arg: k.value for k in node.keywords if k.arg}
+        action, kwargs = _action(keywords.get("action"))
+        for key in ("nargs", "dest", "const"):
+            if key in keywords and key not in kwargs:
+                kwargs[key] = _literal(keywords[key])
+        if action in ("store_true", "store_false", "store_const"):
+            kwargs.pop("nargs", None)
+        parser.add_argument(*options, action=action, **kwargs)
+    return parser
+
+
+def load_parser(site: Path) -> argparse.ArgumentParser:
+    """SGLang's parser for the installation in `site` (its server_args.py, never imported)."""
+    path = site / SERVER_ARGS_FILE
+    try:
+        source = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise LaunchError(f"cannot read SGLang's argument parser {path}: {exc.strerror}") from None
+    return parser_from_source(source)
+
+
+def _option_like(arg: str) -> bool:
+    # What argparse would try to match as an option: a leading '-' that is not a lone '-' or a
+    # negative number (SGLang defines no option that looks like one).
+    if not arg.startswith("-") or arg == "-":
+        return False
+    try:
+        float(arg)
+    except ValueError:
+        return True
+    return False
+
+
+def resolve(parser: argparse.ArgumentParser, arg: str) -> str | None:
+    """The dest SGLang's parser gives an option-like argument (prefix and `=` forms included),
+    None when it matches no option. An ambiguous prefix raises LaunchError with argparse's words."""
+    if not _option_like(arg):
+        return None
+    try:
+        # A dummy value, so an option that takes one resolves without "expected one argument".
+        ns, _ = parser.parse_known_args([arg, "VALUE"])
+    except _ParseError as exc:
+        raise LaunchError(f"SGLang's parser refuses the argument {arg}: {exc}") from None
+    dests = list(vars(ns))
+    return dests[0] if dests else None
+
+
+def owned_dests(parser: argparse.ArgumentParser, flags: Iterable[str]) -> dict[str, str]:
+    """dest -> the launcher's flag for it, for each of the launcher's own flags."""
+    dests: dict[str, str] = {}
+    for flag in flags:
+        dest = resolve(parser, flag)
+        if dest is None:
+            raise LaunchError(f"SGLang's parser has no {flag}, which the launcher sets")
+        dests.setdefault(dest, flag)
+    return dests
+
+
+def check_not_owned(
+    parser: argparse.ArgumentParser, args: Sequence[str], owned: Iterable[str], where: str
+) -> None:
+    """Refuse the first argument SGLang would read as one of the launcher's own flags."""
+    taken = owned_dests(parser, owned)
+    for arg in args:
+        dest = resolve(parser, arg)
+        if dest is None:
+            continue
+        flag = arg.split("=", 1)[0]
+        if dest in taken:
+            reads = f" (SGLang reads it as {taken[dest]})" if flag != taken[dest] else ""
+            raise LaunchError(
+                f"{where} {flag} is set by the launcher itself{reads}; use its own input "
+                "(--model-path, --tp, --host, --port, --nnodes, --node-rank, --dist-init-addr "
+                "or their GLMSERVE_* variables)"
+            )
+        if dest == CONFIG_DEST:
+            raise LaunchError(
+                f"{where} {flag} reads more SGLang options from a file, which the launcher cannot "
+                "check against the flags it owns; pass those options after -- instead"
+            )
+
+
+def redact(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
+    """argv with the values of secret options replaced (`--api-key X`, `--api-k=X`, ...)."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        try:
+            dest = resolve(parser, arg)
+        except LaunchError:
+            dest = None
+        if dest in SECRET_DESTS:
+            if "=" in arg:
+                out.append(arg.split("=", 1)[0] + "=" + REDACTED)
+            else:
+                out.append(arg)
+                hide_next = True
+            continue
+        out.append(arg)
+    return out
