@@ -138,7 +138,9 @@ def test_missing_marker_is_rewritten(make_site, snapshot):
     apply(site, PATCHES)
     patched = snapshot(site)
     (site / MARKER_REL).unlink()
-    assert check(site, PATCHES).action == "marker-updated"
+    # Patched files without a marker are what an apply killed before its last step leaves.
+    with pytest.raises(PatchError, match=r"half-applied tree .*: every file patched but no marker"):
+        check(site, PATCHES)
     assert not (site / MARKER_REL).exists(), "--check wrote the marker"
     assert apply(site, PATCHES).action == "marker-updated"
     assert snapshot(site) == patched
@@ -192,6 +194,9 @@ def test_failure_after_the_swap_rolls_back_everything(make_site, snapshot, monke
     with pytest.raises(PatchError, match="rolled back"):
         apply(site, PATCHES)
     assert snapshot(site) == pristine
+    # The first module was compiled before the failure: its bytecode goes with the rollback.
+    assert not list(site.rglob("*.pyc")), "bytecode compiled from the patched sources"
+    assert not list(site.rglob("*.glmserve-tmp")) and not (site / engine.JOURNAL_REL).exists()
 
 
 def test_failed_revert_leaves_the_tree_patched(make_site, snapshot, monkeypatch):

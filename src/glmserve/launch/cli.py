@@ -382,6 +382,9 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
     patched_path = uses_patched_path(plan.argv)
     site = host.sglang_site()
     version = host.detect_version(site) if site is not None else None
+    half = host.interrupted_patch(site) if site is not None else None
+    if half is not None:
+        raise LaunchError(half)  # files may be mid-swap: no profile may run on them
     marker = host.read_marker(site) if site is not None and version is not None else None
     checks.check_sglang(profile, site, version, marker, require_patch=patched_path)
     assert site is not None  # check_sglang refused otherwise

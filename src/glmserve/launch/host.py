@@ -47,6 +47,13 @@ def read_marker(site: Path) -> dict[str, Any] | None:
     return _read(site)
 
 
+def interrupted_patch(site: Path) -> str | None:
+    """One line when an apply or revert of the series was interrupted in this tree, else None."""
+    from glmserve.patching import interrupted
+
+    return interrupted(site)
+
+
 def preflight(site: Path) -> list[str]:
     """The patch tool's check of the patch's effect (AST only: the self-test runs the kernel)."""
     from glmserve.patching.verify import preflight as _preflight
@@ -102,6 +109,7 @@ class Host:
     # SGLang's argument parser, rebuilt from the installed server_args.py (never imported).
     sglang_parser: Callable[[Path], argparse.ArgumentParser] = load_parser
     preflight: Callable[[Path], list[str]] = preflight
+    interrupted_patch: Callable[[Path], str | None] = interrupted_patch
     run_selftest: Callable[[Mapping[str, str]], tuple[str, str, str]] = run_selftest
     execvpe: Callable[[str, list[str], Mapping[str, str]], Any] = _exec
     wait_for_stop: Callable[[], None] = wait_for_stop

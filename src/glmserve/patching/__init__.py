@@ -7,7 +7,7 @@ build time, before glmserve is installed, through the `patches/apply.py` shim.
 from __future__ import annotations
 
 from glmserve.patching.detect import detect_version
-from glmserve.patching.engine import Outcome, apply, check, read_marker, revert
+from glmserve.patching.engine import Outcome, apply, check, interrupted, read_marker, revert
 from glmserve.patching.errors import PatchError
 from glmserve.patching.series import MARKER_REL, load_series, supported_versions
 
@@ -18,6 +18,7 @@ __all__ = [
     "apply",
     "check",
     "detect_version",
+    "interrupted",
     "load_series",
     "read_marker",
     "revert",

@@ -1,6 +1,7 @@
 """`python3 patches/apply.py --target SITE [--check] [--revert]` (also `python -m glmserve.patching`).
 
-Exit status: 0 done or nothing to do, 1 refused or failed (the tree is unchanged), 2 bad usage.
+Exit status: 0 done or nothing to do, 1 refused or failed (the tree is unchanged; under --check
+also a half-applied tree, which a plain run heals), 2 bad usage.
 Each outcome is one line: success on stdout, refusal on stderr.
 """
 

@@ -5,8 +5,9 @@
 
 `preflight(site)` returns a list of problems (empty = ok). It reads the installed code with `ast`
 (SGLang and FlashInfer are never imported) and checks:
-  * the marker exists, names the installed SGLang version, and every file it lists still has
-    its patched hash (nothing edited or reinstalled since);
+  * no apply or revert was interrupted here (no journal), the marker exists, names the
+    installed SGLang version, and every file it lists still has its patched hash (nothing edited
+    or reinstalled since);
   * the backend rules (rules.py), stated on data flow: each `run()` reads the gather of its own
     wrapper's indices, every plan is preceded on every path by the row count of the indptr it
     uses, no full-pool cast is reachable with the gather on, the switch selects what it says;
@@ -29,7 +30,7 @@ import sys
 from pathlib import Path
 
 from glmserve.patching.detect import detect_version
-from glmserve.patching.engine import read_marker
+from glmserve.patching.engine import interrupted, read_marker
 from glmserve.patching.errors import PatchError
 from glmserve.patching.fichecks import wrapper_read_problems
 from glmserve.patching.flow import Module
@@ -188,6 +189,9 @@ def _parse(path: Path, problems: list[str]) -> ast.Module | None:
 
 
 def _check_marker(site: Path, version: str) -> list[str]:
+    half = interrupted(site)
+    if half is not None:
+        return [half]  # whatever the files and marker say, they may be mid-swap
     marker = read_marker(site)
     if marker is None:
         return [f"no valid patch marker {MARKER_REL}: the series is not applied (patches/apply.py)"]
