@@ -107,6 +107,7 @@ def test_sigterm_mid_run_still_writes_the_report_marked_incomplete(sse_server, t
     output = locust.communicate(timeout=60)[0].decode()
     summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
     assert summary["complete"] is False and summary["stopped_by"] == "SIGTERM", output[-2000:]
+    assert locust.returncode == 5, output[-2000:]  # incomplete: not to be taken for a whole run
     assert summary["steps"][0]["requests"] > 0  # what was measured is kept
     assert "report marked incomplete" in output
 
@@ -115,7 +116,7 @@ def test_run_time_is_honoured_and_the_report_says_so(sse_server, tmp_path: Path)
     url = sse_server("ok")
     run = run_locust(url, tmp_path / "rep", "--shape", "sweep", "-u", "8", "--warmup-s", "0.5",
                      "--measure-s", "1.5", "-t", "4")  # fmt: skip
-    assert run.returncode == 0, run.output[-3000:]
+    assert run.returncode == 5, run.output[-3000:]  # incomplete (docs/loadtest.md, exit codes)
     assert run.summary["complete"] is False and run.summary["stopped_by"] == "--run-time 4 s"
     assert [s["streams"] for s in run.summary["steps"]] == [1, 2]  # 4 and 8 never started
     whole = run_locust(url, tmp_path / "whole", "-u", "1", *SHORT)
@@ -150,11 +151,21 @@ def test_sweep_with_two_processes_measures_each_step_and_plots(sse_server, tmp_p
     assert (tmp_path / "rep" / "sweep.png").stat().st_size > 0
 
 
-def test_bad_option_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    run = run_locust("http://127.0.0.1:1", tmp_path / "rep", "--max-tokens", "0")
-    assert run.returncode == 2
-    assert "--max-tokens must be >= 1" in run.output
+@pytest.mark.parametrize(
+    ("host", "args", "line"),
+    [
+        ("http://127.0.0.1:1", ["--max-tokens", "0"], "--max-tokens must be >= 1"),
+        # -u 0 once ran one stream; -H ftp:// once ran 0 requests and called itself complete.
+        ("http://127.0.0.1:1", ["-u", "0"], "-u/--users must be >= 1, got 0"),
+        ("ftp://127.0.0.1:21", [], "target 'ftp://127.0.0.1:21' is not an http:// or https://"),
+    ],
+)
+def test_bad_option_is_one_line_and_exit_2(tmp_path: Path, host, args, line) -> None:
+    run = run_locust(host, tmp_path / "rep", *args)
+    assert run.returncode == 2, run.output[-2000:]
+    assert line in run.output
     assert "Traceback" not in run.output
+    assert not (tmp_path / "rep").exists()
 
 
 PARSE = """

@@ -150,6 +150,24 @@ def test_requests_csv_puts_each_record_in_the_step_the_summary_counts_it_in(tmp_
     assert reqs[0]["started_at"].startswith("0.2") and reqs[0]["step"] == ""
 
 
+def test_failed_rows_past_the_cap_are_one_counted_row_per_step_and_reason(tmp_path: Path) -> None:
+    """80,000 failed requests once meant 80,000 rows: past FAILED_ROWS_PER_REASON per step and
+    reason they are summed into one row, and no failure goes uncounted."""
+    from glmserve.loadtest.report import FAILED_ROWS_PER_REASON
+
+    session = make_session(tmp_path)
+    for i in range(FAILED_ROWS_PER_REASON + 150):
+        session.collector.add(RequestRecord(12.0 + i / 1000, 13.0, None, "broken_stream"))
+    out = write_report(session, "http://127.0.0.1:1", str(tmp_path))
+    reqs = list(csv.DictReader((out.directory / "requests.csv").open()))
+    broken = [r for r in reqs if r["reason"] == "broken_stream"]
+    assert len(broken) == FAILED_ROWS_PER_REASON + 1
+    assert [int(r["count"]) for r in broken] == [1] * FAILED_ROWS_PER_REASON + [150]
+    assert broken[-1]["step"] == "1" and float(broken[-1]["started_at"]) == pytest.approx(12.1)
+    assert sum(int(r["count"]) for r in reqs if r["ok"] == "0") == FAILED_ROWS_PER_REASON + 151
+    assert all(r["count"] == "1" for r in reqs if r["ok"] == "1")
+
+
 def test_report_without_measurement_has_nulls_not_nan(tmp_path: Path) -> None:
     session = Session(LoadTestOptions(report_dir="r", slo_ttft_ms=100.0))
     session.collector.phase(0, 1, "warmup", 0.0)

@@ -17,6 +17,9 @@ DEFAULT_WEB_HOST = "127.0.0.1"
 EXIT_SLO_BREACH = 3
 # The run happened but its report could not be written: a result nobody can read is a failure.
 EXIT_REPORT_FAILED = 4
+# A headless run that ended before its last step did (SIGTERM, -t, Ctrl-C): its report is
+# written and marked incomplete, and a script must not take it for a whole run.
+EXIT_INCOMPLETE = 5
 
 
 class OptionsError(ValueError):
@@ -82,10 +85,13 @@ class LoadTestOptions:
     @classmethod
     def from_namespace(cls, ns: Any) -> LoadTestOptions:
         """Build from Locust's parsed options (`environment.parsed_options`)."""
-        users = getattr(ns, "num_users", None)
+        users = getattr(ns, "num_users", None)  # None: -u not given
+        if users is not None and int(users) < 1:
+            # `users or 1` once turned -u 0 into one silent stream.
+            raise OptionsError(f"-u/--users must be >= 1, got {users}")
         return cls(
             shape=ns.shape,
-            streams=1 if ns.shape == "single" else int(users or 1),
+            streams=1 if ns.shape == "single" or users is None else int(users),
             warmup_s=float(ns.warmup_s),
             measure_s=float(ns.measure_s),
             route=ns.route,

@@ -19,6 +19,7 @@ from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
 from glmserve.loadtest.options import (
+    EXIT_INCOMPLETE,
     EXIT_REPORT_FAILED,
     EXIT_SLO_BREACH,
     LoadTestOptions,
@@ -47,6 +48,14 @@ def _on_init(environment: Environment, **_: Any) -> None:
         prompts = load_prompt_file(options.prompt_file) if options.prompt_file else None
     except OptionsError as exc:
         sys.stderr.write(f"locust decode suite: {exc}\n")
+        sys.exit(2)
+    scheme = urlsplit(environment.host or "").scheme
+    if environment.host and scheme not in ("http", "https"):
+        # Anything else sends no request at all: a run with 0 requests that calls itself complete.
+        sys.stderr.write(
+            f"locust decode suite: target {environment.host!r} is not an http:// or https:// URL"
+            " (e.g. -H http://127.0.0.1:30000)\n"
+        )
         sys.exit(2)
     if ns.headless and not isinstance(environment.runner, WorkerRunner):
         problem = unreachable(environment.host or "")
@@ -206,8 +215,11 @@ def _finish(environment: Environment, session: Session) -> None:
     for line in outcome.breaches:
         log.error("SLO breach: %s", line)
     log.info("report written to %s", outcome.directory)
+    ns = environment.parsed_options
     if outcome.breaches:
         environment.process_exit_code = EXIT_SLO_BREACH
+    elif not session.complete and (ns is None or ns.headless):
+        environment.process_exit_code = EXIT_INCOMPLETE
 
 
 _registered = False

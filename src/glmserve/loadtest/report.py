@@ -117,8 +117,18 @@ def write_steps_csv(path: Path, steps: list[dict[str, Any]]) -> None:
             w.writerow(row)
 
 
+# Failed requests carry no timing: past this many rows per (step, reason) the rest of them are
+# one row each with their count, so a sick target cannot grow requests.csv without bound.
+FAILED_ROWS_PER_REASON = 100
+
+
 def write_requests_csv(path: Path, session: Session) -> None:
+    """One row per timed request, and per failed request up to FAILED_ROWS_PER_REASON for each
+    step and reason; then one row per (step, reason) counting the failures left out (`count`),
+    started_at being the first of them."""
     collector = session.collector
+    kept: dict[tuple[Any, str], int] = {}
+    left_out: dict[tuple[Any, str], list[Any]] = {}
     with path.open("w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(
@@ -133,6 +143,7 @@ def write_requests_csv(path: Path, session: Session) -> None:
                 "e2e_ms",
                 "output_tokens",
                 "prompt_tokens",
+                "count",
             ]
         )
         for rec in sorted(collector.records, key=lambda r: r.started_at):
@@ -140,7 +151,14 @@ def write_requests_csv(path: Path, session: Session) -> None:
             step = "" if number is None else number
             t = rec.timing
             if t is None:
-                w.writerow([f"{rec.started_at:.6f}", step, 0, rec.reason, "", "", "", "", "", ""])
+                key = (step, rec.reason or "unknown")
+                if kept.get(key, 0) >= FAILED_ROWS_PER_REASON:
+                    left_out.setdefault(key, [rec.started_at, 0])[1] += 1
+                    continue
+                kept[key] = kept.get(key, 0) + 1
+                w.writerow(
+                    [f"{rec.started_at:.6f}", step, 0, rec.reason, "", "", "", "", "", "", 1]
+                )
                 continue
             w.writerow(
                 [
@@ -154,8 +172,11 @@ def write_requests_csv(path: Path, session: Session) -> None:
                     _ms(t.e2e_s),
                     t.output_tokens,
                     t.prompt_tokens,
+                    1,
                 ]
             )
+        for (step, reason), (first, count) in left_out.items():
+            w.writerow([f"{first:.6f}", step, 0, reason, "", "", "", "", "", "", count])
 
 
 def _streams(n: int) -> str:

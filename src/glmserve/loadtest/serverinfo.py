@@ -24,6 +24,17 @@ from typing import Any
 
 from glmserve import buildinfo, sglang_api
 
+# A real server info is tens of kilobytes: a body past this is no server info, and an endless
+# one must not hold the run's start (or its memory).
+MAX_INFO_BYTES = 1 << 20
+
+
+def _read_capped(response: Any) -> bytes:
+    body = response.read(MAX_INFO_BYTES + 1)
+    if len(body) > MAX_INFO_BYTES:
+        raise ValueError(f"answer larger than {MAX_INFO_BYTES} bytes")
+    return body
+
 
 def fetch_server_info(base_url: str, timeout_s: float = 5.0) -> dict[str, Any]:
     """GET the server info; raises OSError/ValueError with a readable message."""
@@ -31,7 +42,7 @@ def fetch_server_info(base_url: str, timeout_s: float = 5.0) -> dict[str, Any]:
     for path in sglang_api.SERVER_INFO_PATHS:
         try:
             with urllib.request.urlopen(base_url.rstrip("/") + path, timeout=timeout_s) as r:
-                obj = json.loads(r.read())
+                obj = json.loads(_read_capped(r))
         except urllib.error.HTTPError as exc:
             last = exc
             continue
@@ -58,7 +69,7 @@ def fetch_router_workers(base_url: str, timeout_s: float = 5.0) -> list[dict[str
     """The router's worker set (GET /workers of sglang-router), or None if this is no router."""
     try:
         with urllib.request.urlopen(base_url.rstrip("/") + "/workers", timeout=timeout_s) as r:
-            obj = json.loads(r.read())
+            obj = json.loads(_read_capped(r))
     except (OSError, ValueError):
         return None
     workers = obj.get("workers") if isinstance(obj, dict) else None

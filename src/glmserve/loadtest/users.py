@@ -22,7 +22,7 @@ from locust.contrib.fasthttp import LocustBadStatusCode
 
 from glmserve.loadtest.prompts import PromptSource
 from glmserve.loadtest.session import session_of
-from glmserve.loadtest.stages import BACKOFF_REASONS, backoff_s
+from glmserve.loadtest.stages import backoff_s
 from glmserve.streaming import StreamError, StreamRequest, StreamTimer, StreamTiming
 
 log = logging.getLogger(__name__)
@@ -154,7 +154,7 @@ class DecodeUser(FastHttpUser):
         self.prompts = PromptSource(
             opts.input_tokens, self.session.prompts, opts.seed, self.session.next_stream_id()
         )
-        self.quick_failures = 0  # consecutive connect/http_status failures (backoff_s)
+        self.failures_in_a_row = 0  # of any reason: each one backs off longer (backoff_s)
 
     def _request(self) -> StreamRequest:
         opts = self.session.options
@@ -196,12 +196,10 @@ class DecodeUser(FastHttpUser):
                 resp.request_meta["response_length"] = timing.output_tokens
                 resp.success()
         if failed is not None:
-            quick = failed.reason in BACKOFF_REASONS
-            self.quick_failures = self.quick_failures + 1 if quick else 0
-            if self.quick_failures:
-                gevent.sleep(backoff_s(self.quick_failures))
+            self.failures_in_a_row += 1
+            gevent.sleep(backoff_s(self.failures_in_a_row))
             return
-        self.quick_failures = 0
+        self.failures_in_a_row = 0
         self.session.record_success(started_at, timing)
         self._fire(timing)
 
