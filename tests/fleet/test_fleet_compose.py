@@ -144,6 +144,11 @@ def test_the_emulated_fleet_runs_without_gpus(tmp_path):
         ({"FLEET_REMOTE_WORKERS": "http://h:1|nope"}, "exporter 'nope' must be HOST:PORT"),
         ({"FLEET_LOCAL_REPLICAS": "0", "FLEET_WORKER_BASE_PORT": "30000"}, "port 30000 is used"),
         ({"FLEET_LOCAL_REPLICAS": "0", "ROUTER_POLICY": "fastest"}, "not one of"),
+        # Three replicas from 65535 would listen on 65535-65537.
+        ({**EMULATED, "FLEET_WORKER_BASE_PORT": "65535"}, r"ports 65535-65537 \(3 ports\)"),
+        ({"FLEET_LOCAL_REPLICAS": "0", "FLEET_EXPORTER_BASE_PORT": "70000"}, "1-65535"),
+        ({"FLEET_LOCAL_REPLICAS": "0", "ROUTER_METRICS_PORT": "0"}, "ROUTER_METRICS_PORT=0"),
+        ({"FLEET_LOCAL_REPLICAS": "0", "FLEET_EXPORTER_BASE_PORT": "29000"}, "port 29000"),
     ],
 )
 def test_bad_fleet_input_is_one_line(env, fragment):
@@ -165,3 +170,48 @@ def test_the_cli_writes_both_and_refuses_bad_input_with_exit_2(tmp_path, capsys)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "GPU 0 is in replica 0 and 1" in proc.stderr
     assert not (tmp_path / "g").exists()
+
+
+def test_a_refused_run_leaves_the_previous_files_untouched(tmp_path):
+    """Everything is validated before anything is written: a refusal once rewrote targets/
+    (workers on ports 65535-65537) while compose.yaml kept the old ports."""
+    out = tmp_path / ".fleet"
+    good = env_file(tmp_path, EMULATED)
+    assert cli.main(["compose", "--env-file", str(good), "--out-dir", str(out)]) == 0
+    before = {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    for bad in ({"FLEET_WORKER_BASE_PORT": "65535"}, {"FLEET_EXPORTER_BASE_PORT": "70000"}):
+        env = env_file(tmp_path, {**EMULATED, **bad})
+        assert cli.main(["compose", "--env-file", str(env), "--out-dir", str(out)]) == 2
+        assert {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == before, bad
+
+
+def test_the_readme_default_out_dir_resolves_as_docker_compose_resolves_it(tmp_path):
+    """As a new user runs it: `python -m glmserve.fleet compose` in the checkout (default
+    --out-dir .fleet), then `docker compose -f compose.yaml -f .fleet/compose.yaml`. The
+    targets bind must be the folder just written (a `.lstrip("./")` once made it fleet/targets:
+    an empty root-owned folder, and a Prometheus with no targets)."""
+    if shutil.which("docker") is None:
+        from conftest import require
+
+        require(False, "no docker CLI on PATH")
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    shutil.copy(ROOT / "compose.yaml", checkout)
+    env_file(checkout, EMULATED)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GLMSERVE_", "COMPOSE_"))}
+    env["PYTHONPATH"] = str(ROOT / "src")
+    env["DOCKER_HOST"] = "unix:///nonexistent-glmserve-test.sock"
+    made = subprocess.run([sys.executable, "-m", "glmserve.fleet", "compose"], cwd=checkout,
+                          env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    proc = subprocess.run(
+        ["docker", "compose", "-f", "compose.yaml", "-f", ".fleet/compose.yaml",
+         "--profile", "fleet", "config", "--format", "json"],
+        cwd=checkout, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    volumes = json.loads(proc.stdout)["services"]["prometheus"]["volumes"]
+    (mount,) = [v for v in volumes if v["target"] == "/etc/prometheus-fleet"]
+    assert Path(mount["source"]) == checkout / ".fleet" / "targets"
+    assert {p.name for p in Path(mount["source"]).iterdir()} >= {"workers.json", "router.json"}
+    assert not (checkout / "fleet").exists()

@@ -64,6 +64,16 @@ def _int(env: Mapping[str, str], key: str, default: int) -> int:
         raise FleetError(f"{key} must be an integer, not {raw!r}") from None
 
 
+def _port(env: Mapping[str, str], key: str, default: int, count: int = 1) -> int:
+    """A port variable; with `count`, the first of `count` consecutive ports, all of them valid."""
+    value = _int(env, key, default)
+    last = value + count - 1
+    if not 1 <= value <= 65535 or last > 65535:
+        span = f"{value}" if count == 1 else f"{value}-{last} ({count} ports)"
+        raise FleetError(f"{key}={value}: ports {span} must lie within 1-65535")
+    return value
+
+
 def parse_gpu_sets(raw: str) -> list[tuple[int, ...]]:
     """'0,1,2,3;4,5,6,7' -> [(0,1,2,3), (4,5,6,7)]; refuses overlaps and non-integers."""
     sets: list[tuple[int, ...]] = []
@@ -106,8 +116,10 @@ def from_env(env: Mapping[str, str]) -> FleetSpec:
         gpu_sets: list[tuple[int, ...]] = [()] * count
     else:
         gpu_sets = parse_gpu_sets(raw_local)
-    base = _int(env, "FLEET_WORKER_BASE_PORT", DEFAULT_WORKER_BASE_PORT)
-    exporter_base = _int(env, "FLEET_EXPORTER_BASE_PORT", DEFAULT_EXPORTER_BASE_PORT)
+    base = _port(env, "FLEET_WORKER_BASE_PORT", DEFAULT_WORKER_BASE_PORT, len(gpu_sets))
+    exporter_base = _port(
+        env, "FLEET_EXPORTER_BASE_PORT", DEFAULT_EXPORTER_BASE_PORT, len(gpu_sets)
+    )
     host = env.get("SGLANG_HOST", "").strip() or "127.0.0.1"
     workers = [
         Worker(
@@ -138,17 +150,27 @@ def from_env(env: Mapping[str, str]) -> FleetSpec:
         raise FleetError(f"worker {dup[0]} is listed twice")
     router = RouterConfig(
         host=env.get("ROUTER_HOST", "").strip() or "127.0.0.1",
-        port=_int(env, "SGLANG_PORT", 30000),
+        port=_port(env, "SGLANG_PORT", 30000),
         metrics_host="127.0.0.1",
-        metrics_port=_int(env, "ROUTER_METRICS_PORT", 29000),
+        metrics_port=_port(env, "ROUTER_METRICS_PORT", 29000),
         policy=env.get("ROUTER_POLICY", "").strip() or "cache_aware",
     )
-    ports = [w.port for w in workers if w.port] + [router.port, router.metrics_port]
+    profile = env.get("FLEET_PROFILE", "").strip() or env.get("GLMSERVE_PROFILE", "").strip()
+    spec = FleetSpec(tuple(workers), router, profile or None, emulated)
+    # Everything that listens on this host: the router, its metrics, the replicas, and the
+    # exporters run here (exporter_addresses refuses ports past 65535).
+    here = [_host_port(a) for a in exporter_addresses(spec).values() if a.startswith("127.0.0.1:")]
+    ports = [w.port for w in workers if w.port] + [router.port, router.metrics_port] + here
     clash = sorted({p for p in ports if ports.count(p) > 1})
     if clash:
-        raise FleetError(f"port {clash[0]} is used twice (router, metrics and replica ports)")
-    profile = env.get("FLEET_PROFILE", "").strip() or env.get("GLMSERVE_PROFILE", "").strip()
-    return FleetSpec(tuple(workers), router, profile or None, emulated)
+        raise FleetError(
+            f"port {clash[0]} is used twice (router, metrics, replica and exporter ports)"
+        )
+    return spec
+
+
+def _host_port(address: str) -> int:
+    return int(address.rpartition(":")[2])
 
 
 def exporter_addresses(spec: FleetSpec) -> dict[str, str]:
@@ -163,6 +185,8 @@ def exporter_addresses(spec: FleetSpec) -> dict[str, str]:
             continue
         while f"127.0.0.1:{next_port}" in taken:
             next_port += 1
+        if next_port > 65535:
+            raise FleetError(f"no exporter port left for {w.url} (past 65535)")
         out[w.url] = f"127.0.0.1:{next_port}"
         taken.add(out[w.url])
     return out
@@ -184,14 +208,32 @@ def targets(spec: FleetSpec) -> dict[str, list[dict[str, Any]]]:
     }
 
 
+def target_files(spec: FleetSpec) -> dict[str, str]:
+    """file name -> text of each Prometheus file_sd file."""
+    return {name: json.dumps(content, indent=2) + "\n" for name, content in targets(spec).items()}
+
+
 def write_targets(spec: FleetSpec, directory: Path) -> list[Path]:
-    directory.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, content in targets(spec).items():
-        path = directory / name
-        # Prometheus re-reads file_sd files on change: replace atomically, never half-written.
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(content, indent=2) + "\n")
+    files = {directory / name: text for name, text in target_files(spec).items()}
+    write_atomically(files)
+    return list(files)
+
+
+def write_atomically(files: Mapping[Path, str]) -> None:
+    """Write every file or, on an error before the first swap, none: each content goes to a
+    temp file beside its target first, then each is renamed over its target (Prometheus re-reads
+    file_sd files on change: never a half-written one). Renaming files, not swapping the
+    directory, keeps a running Prometheus's bind mount of it live."""
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for path, text in files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(text)
+            staged.append((tmp, path))
+    except OSError as exc:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        raise FleetError(f"cannot write {path}: {exc.strerror or exc}") from None
+    for tmp, path in staged:
         tmp.replace(path)
-        written.append(path)
-    return written
