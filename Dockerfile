@@ -1,9 +1,9 @@
 # GLM-5-NVFP4 on Blackwell: the patched SGLang server image, the tools image (emulator, exporter,
-# Locust) and SGLang's router. One file, four shipped stages:
+# Locust) and the fleet's router. One file, four shipped stages:
 #
 #   tools-build  throw-away: pinned Python deps (optional build-time CA), glmserve wheel
 #   tools        glmserve[emulator,exporter,loadtest] in a venv       (docker build --target tools)
-#   router       sglang-router (SGLang's router) in a venv            (docker build --target router)
+#   router       smg (the Shepherd Model Gateway) in a venv           (docker build --target router)
 #   server       SGLang base + the patch series + glmserve core       (the default target)
 #
 # Both bases are build ARGs so CI can substitute local images (no registry there, see
@@ -59,16 +59,17 @@ WORKDIR /opt/glmserve-app
 CMD ["python", "-m", "glmserve.emulator", "--host", "127.0.0.1", "--port", "30000", "--tpot-ms", "20", "--ttft-ms", "250"]
 
 # --------------------------------------------------------------------------------------------
-# SGLang's router (sglang-router from PyPI, a Rust binary in the wheel) for the fleet profile
-# and the Kubernetes manifests, pinned in constraints.txt. Its own image: it needs neither
-# glmserve nor the tools' dependencies, and the tools image stays without its 90 MB binary.
+# The fleet's router: the Shepherd Model Gateway (smg from PyPI, sglang-router's maintained
+# successor, a Rust binary in the wheel) for the fleet profile and the Kubernetes manifests,
+# pinned in constraints.txt. Its own image: it needs neither glmserve nor the tools'
+# dependencies, and the tools image stays without its 100 MB binary.
 FROM ${TOOLS_BASE_IMAGE} AS router-build
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 COPY docker/build-ca/ .ca* /tmp/build-ca/
 COPY docker/pip-ca.sh /usr/local/bin/pip-ca.sh
 COPY constraints.txt /tmp/constraints.txt
 RUN python3 -m venv /opt/router \
-    && pip-ca.sh /opt/router/bin/python install --no-cache-dir -c /tmp/constraints.txt sglang-router \
+    && pip-ca.sh /opt/router/bin/python install --no-cache-dir -c /tmp/constraints.txt smg \
     && /opt/router/bin/python -m pip check
 
 FROM ${TOOLS_BASE_IMAGE} AS router
@@ -77,11 +78,11 @@ ENV PATH=/opt/router/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
 RUN useradd --uid 10001 --user-group --no-create-home router \
-    && python -c "import sglang_router.launch_router"
+    && python -c "import smg.launch_router"
 USER 10001:10001
 # compose (glmserve.fleet.render) and the Kubernetes manifests pass the whole argv, loopback and
 # worker list included (glmserve.fleet.router.router_argv); alone, this image only shows help.
-CMD ["python", "-m", "sglang_router.launch_router", "--help"]
+CMD ["python", "-m", "smg.launch_router", "--help"]
 
 # --------------------------------------------------------------------------------------------
 FROM ${BASE_IMAGE} AS server

@@ -7,8 +7,9 @@
 #          bench/bundle.sh --fleet [OUT]     (default .bundle/fleet.tar.xz; device_run.sh fleet)
 #   (bench/e2e/build_bundle.sh is this script)
 #
-# --fleet adds what the fleet bench needs on the device (docs/fleet.md): SGLang's router
-# (sglang-router) and our Locust suite's Python 3.12 stack, at their constraints.txt pins, and
+# --fleet adds what the fleet bench needs on the device (docs/fleet.md): the router (smg, whose
+# `launch` needs only setproctitle of its dependencies) and our Locust suite's Python 3.12 stack,
+# at their constraints.txt pins, and
 # strips the debug sections of the large shared objects (strip --strip-debug: code, symbols and
 # the dynamic table stay; xgrammar's 53 MB .so is 94 % DWARF) so it all fits one 64 MiB carry.
 #
@@ -52,7 +53,7 @@ if [ -n "$fleet" ]; then
   command -v strip >/dev/null || { echo "bundle: --fleet needs strip (binutils)" >&2; exit 2; }
   pack=$work/fleet; rm -rf "$pack"; mkdir -p "$pack/wheels"; cp -a "$site" "$pack/site"
   pins=()
-  for p in sglang-router locust gevent geventhttpclient greenlet zope.event zope.interface flask \
+  for p in smg setproctitle locust gevent geventhttpclient greenlet zope.event zope.interface flask \
            flask-cors flask-login configargparse python-engineio python-socketio simple-websocket \
            wsproto bidict brotli blinker itsdangerous werkzeug; do
     pin=$(grep -i "^$p==" constraints.txt | head -n1)

@@ -7,7 +7,7 @@
 
 Device mode starts two real SGLang 0.5.12.post1 servers on the one GPU through our launcher
 (tiny-mla profile, each with its own pinned KV pool and --mem-fraction-static, so they split the
-memory), and the pinned sglang-router binary in front. Every phase is one headless Locust run
+memory), and the pinned router (smg) binary in front. Every phase is one headless Locust run
 through the router; the servers' own counters are read before and after it:
 
   T1  router -> [A]        throughput with one replica       (round_robin, same workload)
@@ -45,6 +45,7 @@ if (REPO / "src" / "glmserve").is_dir():
     sys.path.insert(0, str(REPO / "src"))
 
 from glmserve import sglang_api  # noqa: E402
+from glmserve.fleet.router import ROUTER_PACKAGE  # noqa: E402
 from glmserve.fleet.testing import start_router  # noqa: E402
 from glmserve.serverproc import ServerProcess, free_port, stop_all  # noqa: E402
 
@@ -265,7 +266,7 @@ def _num(value: float | None, digits: int) -> str:
 
 def render_md(data: dict[str, Any]) -> str:
     m = data["meta"]
-    lines = [f"# Fleet bench ({m['mode']}): two replicas behind sglang-router {m['router_version']}",
+    lines = [f"# Fleet bench ({m['mode']}): two replicas behind {m['router_version']}",
              "", f"- date: {m['date']}; device: {m.get('device', 'n/a')}",
              f"- command: `{m['command']}`",
              f"- servers: {m['servers']}", f"- plan: {m['plan']}", "",
@@ -328,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     results = Results(args.out, {
         "mode": args.mode, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
-        "router_version": importlib.metadata.version("sglang-router"),
+        "router_version": f"{ROUTER_PACKAGE} {importlib.metadata.version(ROUTER_PACKAGE)}",
         "plan": plan.__dict__, "device": gpu_name(),
     })  # fmt: skip
     servers = []

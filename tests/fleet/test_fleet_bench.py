@@ -17,7 +17,7 @@ from glmserve.launch.fit import last_value
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench" / "fleet" / "fleet_bench.py"
 
-pytest.importorskip("sglang_router", reason="pip install '.[router]'")
+pytest.importorskip("smg", reason="pip install '.[router]'")
 
 
 def load_bench():

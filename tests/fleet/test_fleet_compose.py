@@ -84,7 +84,7 @@ def test_the_router_is_loopback_pinned_and_in_front_of_every_worker(gpu_fleet):
         "http://127.0.0.1:30001", "http://127.0.0.1:30002",
         "http://10.0.0.5:30000", "http://10.0.0.6:30000",
     ]  # fmt: skip
-    assert router["image"].endswith("sglang-router0.3.2") and router["pull_policy"] == "build"
+    assert router["image"].endswith("smg1.13.0") and router["pull_policy"] == "build"
     assert router["build"]["target"] == "router"
     assert {k: v["condition"] for k, v in router["depends_on"].items()} == {
         "replica-0": "service_healthy", "replica-1": "service_healthy"

@@ -29,10 +29,10 @@ from glmserve.fleet.spec import FleetSpec, Worker, write_targets
 from glmserve.fleet.testing import RunningRouter, start_router
 from glmserve.serverproc import free_port
 
-pytest.importorskip("sglang_router", reason="pip install '.[router]'")
+pytest.importorskip("smg", reason="pip install '.[router]'")
 pytestmark = pytest.mark.slow
 
-FAST = {"health_check_interval_s": 1, "health_check_timeout_s": 1, "cb_timeout_s": 2,
+FAST = {"health_check_interval_s": 1, "health_check_timeout_s": 2, "cb_timeout_s": 2,
         "health_failure_threshold": 2, "worker_startup_check_interval_s": 1}  # fmt: skip
 
 

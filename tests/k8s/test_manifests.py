@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import argparse
 import copy
 import gzip
 import json
@@ -21,7 +20,7 @@ import pytest
 import yaml
 from support.launch import dry_run_plan
 
-from glmserve.fleet.router import RouterConfig
+from glmserve.fleet.router import ROUTER_MODULE, RouterConfig
 from glmserve.launch import load_profile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,14 +138,13 @@ def test_each_pod_runs_the_launcher_with_a_valid_multi_node_plan(index, tmp_path
 
 
 def test_the_router_args_parse_with_the_pinned_router_and_match_our_settings():
-    router_args = pytest.importorskip("sglang_router.router_args")
+    launch_router = pytest.importorskip("smg.launch_router")
     deployment = by_kind("Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    assert container["command"] == ["python", "-m", "sglang_router.launch_router"]
-    args = fill(container["args"], {"POD_IP": "10.0.0.9", "POD_NAMESPACE": "glmserve"})
-    parser = argparse.ArgumentParser(exit_on_error=False)
-    router_args.RouterArgs.add_cli_args(parser, use_router_prefix=False)
-    got = router_args.RouterArgs.from_cli_args(parser.parse_args(args), use_router_prefix=False)
+    assert container["command"] == ["python", "-m", ROUTER_MODULE]
+    values = {"POD_IP": "10.0.0.9", "POD_NAMESPACE": "glmserve", "ROUTER_API_KEY": "from-secret"}
+    args = fill(container["args"], values)
+    got = launch_router.parse_router_args(args)
     got._validate_router_args()
     assert got.host == got.prometheus_host == "10.0.0.9"
     assert got.service_discovery and got.service_discovery_namespace == "glmserve"
@@ -163,6 +161,14 @@ def test_the_router_args_parse_with_the_pinned_router_and_match_our_settings():
     assert (got.cb_failure_threshold, got.cb_timeout_duration_secs) == (
         ours.cb_failure_threshold, ours.cb_timeout_s
     )  # fmt: skip
+    assert (got.request_timeout_secs, got.sse_keepalive_secs, got.retry_max_retries) == (
+        ours.request_timeout_s, ours.sse_keepalive_s, ours.retry_max_retries
+    )  # fmt: skip
+    assert got.model_aliases == {"default": ours.served_model}
+    # The API key comes from a Secret, never from the manifest itself.
+    assert got.api_key == "from-secret"
+    (key_env,) = [e for e in container["env"] if e["name"] == "ROUTER_API_KEY"]
+    assert key_env["valueFrom"]["secretKeyRef"] == {"name": "glmserve-router-api-key", "key": "key"}
 
 
 def test_images_are_the_ones_the_dockerfile_builds_and_never_latest():
@@ -173,7 +179,7 @@ def test_images_are_the_ones_the_dockerfile_builds_and_never_latest():
         assert ":latest" not in text
     assert set(images) == {
         "glmserve/server:0.1.0-sglang0.5.12.post1",
-        "glmserve/router:0.1.0-sglang-router0.3.2",
+        "glmserve/router:0.1.0-smg1.13.0",
     }
 
 

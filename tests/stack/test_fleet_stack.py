@@ -161,4 +161,4 @@ def test_prometheus_scrapes_the_router_every_worker_and_every_exporter(fleet_sta
             break
         time.sleep(1)
     assert workers == urls and exporters == urls and health == urls, (workers, exporters, health)
-    assert stack.prom_query('up{job="sglang-router"} == 1')
+    assert stack.prom_query('up{job="router"} == 1')

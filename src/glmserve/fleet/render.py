@@ -18,7 +18,7 @@ from typing import Any
 from glmserve.fleet.router import ROUTER_VERSION, router_argv
 from glmserve.fleet.spec import FleetSpec, exporter_addresses, target_files, write_atomically
 
-ROUTER_IMAGE = f"glmserve/router:0.1.0-sglang-router{ROUTER_VERSION}"
+ROUTER_IMAGE = f"glmserve/router:0.1.0-smg{ROUTER_VERSION}"
 # Where the generated Prometheus targets are mounted (monitoring/prometheus/prometheus-fleet.yml).
 TARGETS_MOUNT = "/etc/prometheus-fleet"
 TINY_MODEL = "./entrypoint/models/tiny-mla"
@@ -149,8 +149,8 @@ def compose_override(spec: FleetSpec, targets_dir: str) -> dict[str, Any]:
         "init": True,
         "restart": "unless-stopped",
         "command": router_argv(spec.router, spec.worker_urls, "python"),
-        # The router loads each worker's tokenizer from the model path the worker reports
-        # (/model in every local replica); without it there, it would ask the Hugging Face Hub.
+        # smg routes HTTP workers by text and loads no tokenizer; a mode that needs one (gRPC
+        # workers) finds it at the path the workers report (/model), never on the Hugging Face Hub.
         "volumes": [
             {
                 "type": "bind",

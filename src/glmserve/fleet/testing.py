@@ -1,4 +1,5 @@
-"""Start the real router (sglang-router) as a subprocess on 127.0.0.1, for tests and benches.
+"""Start the real router (smg, the Shepherd Model Gateway) as a subprocess on 127.0.0.1, for tests
+and benches.
 
     from glmserve.fleet.testing import router_process
     with router_process([emu.url for emu in emulators], policy="round_robin") as router:
@@ -41,9 +42,18 @@ NO_EGRESS = {
 }
 
 
-def get_json(url: str, timeout_s: float = 2.0) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout_s) as r:
+def get_json(url: str, timeout_s: float = 2.0, api_key: str | None = None) -> Any:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    request = urllib.request.Request(url, headers=headers)
+    with urllib.request.urlopen(request, timeout=timeout_s) as r:
         return json.loads(r.read())
+
+
+def served_model(worker: str) -> str | None:
+    """The model id a worker serves (GET /v1/models), which the router routes by."""
+    with contextlib.suppress(OSError, ValueError, KeyError, IndexError, TypeError):
+        return str(get_json(worker.rstrip("/") + "/v1/models")["data"][0]["id"])
+    return None
 
 
 @dataclasses.dataclass
@@ -68,7 +78,7 @@ class RunningRouter:
 
     def healthy_workers(self) -> set[str]:
         """Worker URLs the router currently counts as healthy (GET /workers)."""
-        body = get_json(self.url + "/workers")
+        body = get_json(self.url + "/workers", api_key=self.config.api_key)
         return {w["url"] for w in body.get("workers", []) if w.get("is_healthy")}
 
     def metrics_text(self) -> str:
@@ -125,7 +135,10 @@ def start_router(
     **overrides: Any,
 ) -> RunningRouter:
     """Start the router on 127.0.0.1 (free ports unless given) and wait until `wait_for`
-    workers (default: all) are healthy. `overrides` are RouterConfig fields."""
+    workers (default: all) are healthy. `overrides` are RouterConfig fields; served_model
+    defaults to what the first worker serves, so clients may send the model "default"."""
+    if "served_model" not in overrides and workers:
+        overrides["served_model"] = served_model(workers[0])
     config = RouterConfig(
         host="127.0.0.1",
         port=port or free_port(),
@@ -167,4 +180,4 @@ def router_process(workers: Sequence[str], **kwargs: Any) -> Iterator[RunningRou
         router.close()
 
 
-__all__ = ["NO_EGRESS", "RunningRouter", "router_process", "start_router"]
+__all__ = ["NO_EGRESS", "RunningRouter", "router_process", "served_model", "start_router"]

@@ -8,7 +8,7 @@ The patch series is not in there: it comes from the glmserve build-info file, wh
 process can read it (--build-info, or $GLMSERVE_BUILD_INFO). glmserve's emulator adds a
 "glmserve_emulator" object (its configured timing), which the report keeps.
 
-Through SGLang's router (docs/fleet.md) the target answers GET /workers with the worker set
+Through the fleet's router (smg, docs/fleet.md) the target answers GET /workers with the worker set
 instead of a server info: the report then records the router and every worker, with each
 worker's own server info (asked of the worker directly), and takes the top-level fields from
 the first worker that answers, so a fleet's report reads like a single server's plus the set.
@@ -66,7 +66,7 @@ def extract(info: dict[str, Any]) -> dict[str, Any]:
 
 
 def fetch_router_workers(base_url: str, timeout_s: float = 5.0) -> list[dict[str, Any]] | None:
-    """The router's worker set (GET /workers of sglang-router), or None if this is no router."""
+    """The router's worker set (GET /workers of smg), or None if this is no router."""
     try:
         with urllib.request.urlopen(base_url.rstrip("/") + "/workers", timeout=timeout_s) as r:
             obj = json.loads(_read_capped(r))

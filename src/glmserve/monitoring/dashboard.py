@@ -280,7 +280,7 @@ def panels() -> list[Panel]:
     ]
 
 
-FLEET_ROW = "Fleet: replicas behind SGLang's router"
+FLEET_ROW = "Fleet: replicas behind the router (smg)"
 DEF_WORKER = (
     "Per worker: `worker` is the worker's URL as the router knows it (docs/fleet.md); a "
     "single-server stack has no fleet series."
