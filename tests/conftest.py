@@ -29,14 +29,28 @@ def docker_available() -> bool:
     return probe.returncode == 0
 
 
+def compose_plugin_problem() -> str | None:
+    """Why `docker compose` cannot run here (no CLI, or a CLI without the compose v2 plugin,
+    which then fails on the first compose flag), or None."""
+    if shutil.which("docker") is None:
+        return "no docker CLI on PATH"
+    probe = subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=30)
+    if probe.returncode != 0:
+        return "the docker compose v2 plugin is missing (.ci/run installs it)"
+    return None
+
+
 @pytest.fixture(scope="session")
-def docker_engine() -> None:
+def compose_cli() -> None:
+    """The docker CLI with its compose plugin: enough for the offline `docker compose config`."""
+    problem = compose_plugin_problem()
+    require(problem is None, problem or "")
+
+
+@pytest.fixture(scope="session")
+def docker_engine(compose_cli: None) -> None:
     """A running Docker engine with the compose plugin."""
     require(docker_available(), "no Docker engine is running (start dockerd, see .ci/run)")
-    compose = subprocess.run(["docker", "compose", "version"], capture_output=True)
-    require(
-        compose.returncode == 0, "the docker compose v2 plugin is missing (.ci/run installs it)"
-    )
 
 
 @pytest.fixture(scope="session")

@@ -54,6 +54,13 @@ def test_documented_invocation_parses():
         (["--tpot-ms", "1"], "--ttft-ms"),
         (["--tpot-ms", "1", "--ttft-ms", "1", "--cost-model", "fast"], "--cost-model"),
         (["--tpot-ms", "1", "--ttft-ms", "1", "--served-model-name", "a:b"], "colon"),
+        # Each of these once printed a 15-29 line traceback, or was accepted.
+        (["--tpot-ms", "1", "--ttft-ms", "1", "--port", "70000"], "--port must be 0-65535"),
+        (["--tpot-ms", "1", "--ttft-ms", "1", "--log-level", "shouty"], "--log-level"),
+        (["--tpot-ms", "inf", "--ttft-ms", "1"], "--tpot-ms must be > 0 and finite"),
+        (["--tpot-ms", "1", "--ttft-ms", "nan"], "--ttft-ms must be >= 0 and finite"),
+        (["--tpot-ms", "1", "--ttft-ms", "1", "--health-delay-s", "-1"], "--health-delay-s"),
+        (["--tpot-ms", "1", "--ttft-ms", "1", "--gather-tbps", "inf"], "finite"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line(args, needle):
@@ -63,6 +70,19 @@ def test_bad_flags_exit_2_with_one_line(args, needle):
     assert r.returncode == 2
     [line] = r.stderr.strip().splitlines()  # one line, no usage block
     assert line.startswith("python -m glmserve.emulator: error: ") and needle in line
+
+
+def test_an_unwritable_build_info_file_is_one_line_and_exit_1(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")  # a file where the build-info folder should be
+    r = subprocess.run(
+        [sys.executable, "-m", "glmserve.emulator", "--tpot-ms", "1", "--ttft-ms", "1",
+         "--port", "0", "--build-info-file", str(blocker / "build-info.json")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 1, r.stderr
+    [line] = r.stderr.strip().splitlines()
+    assert line.startswith("glmserve-emulator: cannot write --build-info-file ")
 
 
 def test_subprocess_serves_and_writes_build_info(tmp_path):

@@ -27,10 +27,6 @@ EMULATED = {"FLEET_EMULATED": "1", "FLEET_EMULATED_REPLICAS": "3"}
 
 
 def compose_config(override: Path, env_file: Path) -> dict:
-    if shutil.which("docker") is None:
-        from conftest import require
-
-        require(False, "no docker CLI on PATH")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GLMSERVE_", "COMPOSE_"))}
     env["DOCKER_HOST"] = "unix:///nonexistent-glmserve-test.sock"
     proc = subprocess.run(
@@ -51,7 +47,7 @@ def env_file(tmp_path: Path, values: dict[str, str]) -> Path:
 
 
 @pytest.fixture
-def gpu_fleet(tmp_path):
+def gpu_fleet(tmp_path, compose_cli):
     spec = from_env(GPU_FLEET)
     compose, _ = write(spec, tmp_path / ".fleet", "test")
     return spec, compose_config(compose, env_file(tmp_path, GPU_FLEET)), tmp_path / ".fleet"
@@ -119,7 +115,7 @@ def test_one_exporter_per_worker_and_none_for_the_router(gpu_fleet):
     assert "/etc/prometheus-fleet" in [v["target"] for v in prom["volumes"]]
 
 
-def test_the_emulated_fleet_runs_without_gpus(tmp_path):
+def test_the_emulated_fleet_runs_without_gpus(tmp_path, compose_cli):
     spec = from_env(EMULATED)
     compose, _ = write(spec, tmp_path / ".fleet", "test")
     services = compose_config(compose, env_file(tmp_path, EMULATED))["services"]
@@ -185,15 +181,11 @@ def test_a_refused_run_leaves_the_previous_files_untouched(tmp_path):
         assert {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == before, bad
 
 
-def test_the_readme_default_out_dir_resolves_as_docker_compose_resolves_it(tmp_path):
+def test_the_readme_default_out_dir_resolves_as_docker_compose_resolves_it(tmp_path, compose_cli):
     """As a new user runs it: `python -m glmserve.fleet compose` in the checkout (default
     --out-dir .fleet), then `docker compose -f compose.yaml -f .fleet/compose.yaml`. The
     targets bind must be the folder just written (a `.lstrip("./")` once made it fleet/targets:
     an empty root-owned folder, and a Prometheus with no targets)."""
-    if shutil.which("docker") is None:
-        from conftest import require
-
-        require(False, "no docker CLI on PATH")
     checkout = tmp_path / "checkout"
     checkout.mkdir()
     shutil.copy(ROOT / "compose.yaml", checkout)

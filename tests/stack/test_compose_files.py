@@ -28,13 +28,8 @@ def hadolint(require_fn: Callable[[bool, str], None]) -> str:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def docker_cli(require_fn: Callable[[bool, str], None]) -> None:
+def docker_cli(compose_cli: None) -> None:
     """Only the CLI and its compose plugin: `config` validates offline, no engine needed."""
-    require_fn(shutil.which("docker") is not None, "no docker CLI on PATH")
-    probe = subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=30)
-    require_fn(
-        probe.returncode == 0, "the docker compose v2 plugin is missing (.ci/run installs it)"
-    )
 
 
 def compose_config(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NoReturn
@@ -49,10 +50,19 @@ class EmulatorConfig:
 
     def __post_init__(self) -> None:
         problems = []
-        if not self.tpot_ms > 0:
-            problems.append("--tpot-ms must be > 0")
-        if not self.ttft_ms >= 0:
-            problems.append("--ttft-ms must be >= 0")
+        # isfinite as well: inf would sleep forever, nan compares false and slips past >= 0.
+        if not (self.tpot_ms > 0 and math.isfinite(self.tpot_ms)):
+            problems.append("--tpot-ms must be > 0 and finite")
+        if not (self.ttft_ms >= 0 and math.isfinite(self.ttft_ms)):
+            problems.append("--ttft-ms must be >= 0 and finite")
+        for flag, value in (
+            ("--health-delay-s", self.health_delay_s),
+            ("--startup-delay-s", self.startup_delay_s),
+        ):
+            if not (value >= 0 and math.isfinite(value)):
+                problems.append(f"{flag} must be >= 0 and finite")
+        if not 0 <= self.port <= 65535:
+            problems.append(f"--port must be 0-65535 (0 picks a free one), not {self.port}")
         if self.tokens_per_chunk < 1:
             problems.append("--tokens-per-chunk must be >= 1")
         if self.max_concurrency < 1:
@@ -186,7 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="write glmserve build info (source=emulator, fp8_gather per --cost-model) here",
     )
-    p.add_argument("--log-level", default="warning")
+    p.add_argument(
+        "--log-level",
+        default="warning",
+        type=str.lower,
+        choices=("debug", "info", "warning", "error", "critical"),
+    )
     return p
 
 

@@ -23,6 +23,7 @@ when the model is on, so one token's step time is  tpot + layers * per_layer(act
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 
 MODES = ("off", "upstream", "patched", "bf16")
@@ -80,8 +81,9 @@ class DecodeCostModel:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"cost model must be one of {MODES}, not {self.mode!r}")
-        if self.layers <= 0 or self.pool_rows <= 0 or self.gather_bytes_per_s <= 0:
-            raise ValueError("layers, pool rows and gather bandwidth must be positive")
+        values = (self.layers, self.pool_rows, self.gather_bytes_per_s)
+        if not all(v > 0 and math.isfinite(v) for v in values):
+            raise ValueError("layers, pool rows and gather bandwidth must be positive and finite")
 
     @property
     def enabled(self) -> bool:

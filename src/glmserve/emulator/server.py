@@ -95,7 +95,16 @@ def run(config: EmulatorConfig, log_level: str = "warning") -> int:
     except OSError as exc:
         print(f"glmserve-emulator: cannot bind {config.host}:{config.port}: {exc}", file=sys.stderr)
         return 1
-    write_build_info(config)
+    try:
+        write_build_info(config)
+    except OSError as exc:
+        sock.close()
+        reason = exc.strerror or exc
+        print(
+            f"glmserve-emulator: cannot write --build-info-file {config.build_info_file}: {reason}",
+            file=sys.stderr,
+        )
+        return 1
 
     url = url_of(sock)
     server = make_server(config, log_level, on_ready=lambda: print(READY_PREFIX + url, flush=True))
