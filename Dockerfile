@@ -137,10 +137,20 @@ RUN PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 -m pip insta
     && python3 -m glmserve.patching.verify --target "$(cat /opt/glmserve-build/sglang-site)" \
         --expect-version "${SGLANG_VERSION}" --expect-series "${PATCH_SERIES}" \
         --expect-lock "${PATCH_LOCK_SHA256}" --expect-cuda "${EXPECT_CUDA}" ${PREFLIGHT_ARGS} \
-    && mkdir -p /cache/jit /cache/huggingface /run/glmserve
+    && mkdir -p /cache/jit /cache/huggingface /cache/home /run/glmserve \
+    && useradd --uid 10001 --user-group --home-dir /cache/home --no-create-home glmserve \
+    && chown -R 10001:10001 /cache /run/glmserve
 COPY entrypoint/ /opt/glmserve/entrypoint/
 VOLUME ["/cache/jit"]
 WORKDIR /opt/glmserve
+# SGLang serves as an unprivileged user: the GPUs are the NVIDIA runtime's world-usable device
+# nodes, host IPC and the memlock limit need no capability, and everything it writes is under
+# /cache (JIT caches, the Hugging Face cache, HOME for whatever else caches under ~) or
+# /run/glmserve (the build info). The package itself, patched at build time, stays root's and
+# read-only to it. Named volumes take these folders' owner when docker creates them; one made
+# by an older, root-run image keeps root's (docs/deploy.md says how to hand it over).
+ENV HOME=/cache/home
+USER 10001:10001
 EXPOSE 30000
 # SIGTERM reaches SGLang directly: the launcher exec()s sglang.launch_server, whose server
 # handles it. Compose adds `init: true` as well, so orphaned TP workers are reaped.

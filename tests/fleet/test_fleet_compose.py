@@ -112,6 +112,7 @@ def test_one_exporter_per_worker_and_none_for_the_router(gpu_fleet):
     assert "10.0.0.5:9464" in [t["targets"][0] for t in files["exporters.json"]]
     prom = services["prometheus"]
     assert "--config.file=/etc/prometheus/prometheus-fleet.yml" in prom["command"]
+    assert not [a for a in prom["command"] if "lifecycle" in a]  # no /-/quit for local processes
     assert "/etc/prometheus-fleet" in [v["target"] for v in prom["volumes"]]
 
 

@@ -191,3 +191,52 @@ def _walk(node: Any):
     elif isinstance(node, list):
         for v in node:
             yield from _walk(v)
+
+
+def pod_specs() -> list[tuple[str, dict[str, Any]]]:
+    """(name, pod spec) of every pod template: the router's, the LWS leader's and worker's."""
+    deployment = by_kind("Deployment")
+    lws = by_kind("LeaderWorkerSet")["spec"]["leaderWorkerTemplate"]
+    return [
+        ("router", deployment["spec"]["template"]["spec"]),
+        ("leader", lws["leaderTemplate"]["spec"]),
+        ("worker", lws["workerTemplate"]["spec"]),
+    ]
+
+
+@pytest.mark.parametrize("name, pod", pod_specs(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_container_runs_unprivileged(name, pod):
+    """Non-root (the images' uid 10001), no capabilities, no privilege escalation, a read-only
+    root filesystem with the written paths on volumes; the router also has resource limits."""
+    for container in pod["containers"]:
+        ctx = {**pod.get("securityContext", {}), **container.get("securityContext", {})}
+        assert ctx.get("runAsNonRoot") is True and ctx.get("runAsUser") == 10001, (name, ctx)
+        assert ctx.get("allowPrivilegeEscalation") is False, name
+        assert ctx.get("capabilities", {}).get("drop") == ["ALL"], name
+        assert not ctx.get("capabilities", {}).get("add"), name
+        assert ctx.get("readOnlyRootFilesystem") is True, name
+        assert ctx.get("seccompProfile", {}).get("type") == "RuntimeDefault", name
+        mounts = {m["mountPath"] for m in container.get("volumeMounts", [])}
+        assert "/tmp" in mounts, name
+        if name == "router":
+            limits = container["resources"]["limits"]
+            assert limits.get("cpu") and limits.get("memory"), limits
+        else:  # what SGLang writes, each on a volume of its own
+            assert {"/cache/jit", "/cache/huggingface", "/cache/home", "/run/glmserve"} <= mounts
+
+
+def test_every_pod_is_fenced_in_both_directions():
+    """Every pod of ours is selected by a NetworkPolicy with Ingress and Egress, and the only
+    egress without a pod selector is the router's to the Kubernetes API ports."""
+    policies = [d for _, d in documents() if d["kind"] == "NetworkPolicy"]
+    for label in ("glmserve-worker", "glmserve-router"):
+        (policy,) = [
+            p
+            for p in policies
+            if p["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == label
+        ]
+        assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}, label
+        for rule in policy["spec"]["egress"]:
+            if "to" not in rule:
+                assert label == "glmserve-router", rule
+                assert {p["port"] for p in rule["ports"]} == {443, 6443}, rule

@@ -255,6 +255,35 @@ def test_services_bind_loopback_by_default(tmp_path: Path) -> None:
     assert "--web-host=127.0.0.1" in services["locust"]["command"]
 
 
+def test_prometheus_has_no_lifecycle_api(tmp_path: Path) -> None:
+    """--web.enable-lifecycle let any local process POST /-/quit or /-/reload."""
+    services = config_json(example_env(tmp_path), "gpu", "emulated", "loadtest")["services"]
+    assert not [a for a in services["prometheus"]["command"] if "lifecycle" in a]
+
+
+SHIPPED_STAGES = ("tools", "router", "server")
+
+
+def test_every_shipped_image_runs_as_an_unprivileged_user() -> None:
+    """The last USER of each shipped stage is uid 10001: SGLang serves as it too (the smoke
+    service alone runs as root, for its host-folder report, and says so in compose.yaml)."""
+    users: dict[str, str] = {}
+    stage = None
+    for line in (REPO / "Dockerfile").read_text().splitlines():
+        words = line.split()
+        if words[:1] == ["FROM"]:
+            stage = words[-1] if len(words) >= 4 and words[-2].upper() == "AS" else None
+        elif words[:1] == ["USER"] and stage:
+            users[stage] = words[1]
+    assert {s: users.get(s) for s in SHIPPED_STAGES} == dict.fromkeys(SHIPPED_STAGES, "10001:10001")
+
+
+def test_only_the_smoke_service_overrides_the_image_user(tmp_path: Path) -> None:
+    services = config_json(example_env(tmp_path), "gpu", "emulated", "loadtest", "smoke")
+    overridden = {n: s["user"] for n, s in services["services"].items() if s.get("user")}
+    assert overridden == {"smoke": "0:0"}
+
+
 class _ComposeLoader(yaml.SafeLoader):
     """SafeLoader that reads compose's merge tags (!reset, !override) as plain values."""
 

@@ -178,7 +178,7 @@ def compose_override(spec: FleetSpec, targets_dir: str) -> dict[str, Any]:
             "--storage.tsdb.path=/prometheus",
             "--storage.tsdb.retention.time=${PROMETHEUS_RETENTION:-15d}",
             "--web.listen-address=${PROMETHEUS_LISTEN:-127.0.0.1:9090}",
-            "--web.enable-lifecycle",
+            # As compose.yaml's: no --web.enable-lifecycle (/-/quit for any local process).
         ],
         "volumes": [
             {"type": "bind", "source": targets_dir, "target": TARGETS_MOUNT, "read_only": True}
