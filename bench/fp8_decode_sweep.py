@@ -48,28 +48,29 @@ WORKLOADS = {  # name: per-request lengths (a callable of a generator for mixed 
 
 
 # LaunchConfig fields of the kernel under test: form 0 = heads in M, 1 = KV rows in M.
-def _v(form, block_n, warps, stages, pps, min_chunk=256, overhead=64):
+def _v(form, block_n, warps, stages, pps, min_chunk=64, overhead=64, ablate=0):
     return dict(form=form, block_n=block_n, num_warps=warps, num_stages=stages,
-                programs_per_sm=pps, min_chunk=min_chunk, overhead=overhead)  # fmt: skip
+                programs_per_sm=pps, min_chunk=min_chunk, overhead=overhead,
+                ablate=ablate)  # fmt: skip
 
 
 VARIANTS = {
-    "m1 n32 w4 s3 p2 c64": _v(1, 32, 4, 3, 2, min_chunk=64),
-    "m1 n32 w4 s5 p2 c64": _v(1, 32, 4, 5, 2, min_chunk=64),
-    "m1 n32 w4 s5 p3 c64": _v(1, 32, 4, 5, 3, min_chunk=64),
-    "m1 n32 w4 s5 p4 c64": _v(1, 32, 4, 5, 4, min_chunk=64),
-    "m1 n32 w4 s5 p2 c128": _v(1, 32, 4, 5, 2, min_chunk=128),
-    "m1 n32 w4 s5 p2 c256": _v(1, 32, 4, 5, 2, min_chunk=256),
-    "m1 n32 w4 s5 p2 c64 o16": _v(1, 32, 4, 5, 2, min_chunk=64, overhead=16),
-    "m1 n32 w4 s5 p2 c64 o128": _v(1, 32, 4, 5, 2, min_chunk=64, overhead=128),
-    "m1 n64 w4 s5 p1 c64": _v(1, 64, 4, 5, 1, min_chunk=64),
-    "m1 n64 w4 s3 p1 c64": _v(1, 64, 4, 3, 1, min_chunk=64),
-    "m1 n64 w8 s4 p1 c64": _v(1, 64, 8, 4, 1, min_chunk=64),
-    "m0 n32 w4 s5 p2 c64": _v(0, 32, 4, 5, 2, min_chunk=64),
-    "m0 n32 w4 s3 p2 c64": _v(0, 32, 4, 3, 2, min_chunk=64),
-    "m0 n64 w8 s4 p1 c64": _v(0, 64, 8, 4, 1, min_chunk=64),
-    "m2 n32 w4 s5 p2 c64": _v(2, 32, 4, 5, 2, min_chunk=64),
-    "m1 n16 w4 s5 p4 c32": _v(1, 16, 4, 5, 4, min_chunk=32),
+    "m1 n64 w4 s5 p1": _v(1, 64, 4, 5, 1),
+    "m1 n64 w4 s6 p1": _v(1, 64, 4, 6, 1),
+    "m1 n64 w4 s5 p1 c32": _v(1, 64, 4, 5, 1, min_chunk=32),
+    "m1 n64 w4 s5 p1 o128": _v(1, 64, 4, 5, 1, overhead=128),
+    "m0 n32 w4 s5 p2": _v(0, 32, 4, 5, 2),
+    "m0 n32 w4 s6 p2": _v(0, 32, 4, 6, 2),
+    "m0 n64 w4 s5 p1": _v(0, 64, 4, 5, 1),
+    "m0 n32 w4 s5 p2 c32": _v(0, 32, 4, 5, 2, min_chunk=32),
+    "m3 n32 w4 s1 p2": _v(3, 32, 4, 1, 2),
+    "m3 n32 w4 s1 p3": _v(3, 32, 4, 1, 3),
+    "m3 n64 w8 s1 p1": _v(3, 64, 8, 1, 1),
+    "m1 n64 w4 s5 p1 A1 (no PV)": _v(1, 64, 4, 5, 1, ablate=1),
+    "m1 n64 w4 s5 p1 A2 (no QK)": _v(1, 64, 4, 5, 1, ablate=2),
+    "m1 n64 w4 s5 p1 A3 (no max)": _v(1, 64, 4, 5, 1, ablate=3),
+    "m0 n32 w4 s5 p2 A1 (no PV)": _v(0, 32, 4, 5, 2, ablate=1),
+    "m0 n32 w4 s5 p2 A2 (no QK)": _v(0, 32, 4, 5, 2, ablate=2),
 }
 
 
@@ -293,8 +294,10 @@ def main() -> int:
                 continue
             row = {"heads": heads, "variant": name, "config": repr(config)}
             try:
-                row["check"] = check(module, config, heads, seed=len(doc["rows"]))
-                if row["check"]["ok"] or name == "baseline":
+                ablation = getattr(config, "ablate", 0)
+                if not ablation:  # an ablation computes a wrong result on purpose: time only
+                    row["check"] = check(module, config, heads, seed=len(doc["rows"]))
+                if ablation or row["check"]["ok"] or name == "baseline":
                     row["us"] = time_variant(module, config, layers, loads)
                     row["host"] = host_us(module, config, layers, [4096] * 8)
                     if hasattr(module, "FAST_LAUNCH"):
