@@ -48,29 +48,27 @@ WORKLOADS = {  # name: per-request lengths (a callable of a generator for mixed 
 
 
 # LaunchConfig fields of the kernel under test: form 0 = heads in M, 1 = KV rows in M.
-def _v(form, block_n, warps, stages, pps, min_chunk=64, overhead=64, ablate=0):
+def _v(form, block_n, warps, stages, pps, min_chunk=64, overhead=64, ablate=0, chains=1):
     return dict(form=form, block_n=block_n, num_warps=warps, num_stages=stages,
                 programs_per_sm=pps, min_chunk=min_chunk, overhead=overhead,
-                ablate=ablate)  # fmt: skip
+                ablate=ablate, qk_chains=chains)  # fmt: skip
 
 
 VARIANTS = {
     "m1 n64 w4 s5 p1": _v(1, 64, 4, 5, 1),
-    "m1 n64 w4 s6 p1": _v(1, 64, 4, 6, 1),
-    "m1 n64 w4 s5 p1 c32": _v(1, 64, 4, 5, 1, min_chunk=32),
-    "m1 n64 w4 s5 p1 o128": _v(1, 64, 4, 5, 1, overhead=128),
+    "m1 n64 w4 s5 p1 ch2": _v(1, 64, 4, 5, 1, chains=2),
+    "m1 n64 w4 s5 p1 ch5": _v(1, 64, 4, 5, 1, chains=5),
     "m0 n32 w4 s5 p2": _v(0, 32, 4, 5, 2),
-    "m0 n32 w4 s6 p2": _v(0, 32, 4, 6, 2),
-    "m0 n64 w4 s5 p1": _v(0, 64, 4, 5, 1),
-    "m0 n32 w4 s5 p2 c32": _v(0, 32, 4, 5, 2, min_chunk=32),
-    "m3 n32 w4 s1 p2": _v(3, 32, 4, 1, 2),
-    "m3 n32 w4 s1 p3": _v(3, 32, 4, 1, 3),
-    "m3 n64 w8 s1 p1": _v(3, 64, 8, 1, 1),
-    "m1 n64 w4 s5 p1 A1 (no PV)": _v(1, 64, 4, 5, 1, ablate=1),
-    "m1 n64 w4 s5 p1 A2 (no QK)": _v(1, 64, 4, 5, 1, ablate=2),
-    "m1 n64 w4 s5 p1 A3 (no max)": _v(1, 64, 4, 5, 1, ablate=3),
-    "m0 n32 w4 s5 p2 A1 (no PV)": _v(0, 32, 4, 5, 2, ablate=1),
-    "m0 n32 w4 s5 p2 A2 (no QK)": _v(0, 32, 4, 5, 2, ablate=2),
+    "m0 n32 w4 s5 p2 ch2": _v(0, 32, 4, 5, 2, chains=2),
+    "m0 n32 w4 s5 p2 ch5": _v(0, 32, 4, 5, 2, chains=5),
+    "m4 n64 w4 s5 p1": _v(4, 64, 4, 5, 1),
+    "m4 n64 w4 s5 p2": _v(4, 64, 4, 5, 2),
+    "m4 n64 w4 s4 p2": _v(4, 64, 4, 4, 2),
+    "m4 n32 w4 s5 p2": _v(4, 32, 4, 5, 2),
+    "m4 n32 w4 s5 p3": _v(4, 32, 4, 5, 3),
+    "m1 n32 w2 s5 p4": _v(1, 32, 2, 5, 4),
+    "m1 n64 w4 s5 p1 A4 (fake cvt)": _v(1, 64, 4, 5, 1, ablate=4),
+    "m0 n32 w4 s5 p2 A4 (fake cvt)": _v(0, 32, 4, 5, 2, ablate=4),
 }
 
 
