@@ -10,7 +10,7 @@ NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # `NAME=value` and the commented-out `# NAME=value` (documented, left unset for its default).
 KNOWN_LINE = re.compile(r"^#?\s*([A-Z][A-Z0-9_]*)=", re.M)
 # Values never echoed in a problem line.
-SECRETS = re.compile(r"PASSWORD|TOKEN|SECRET")
+SECRETS = re.compile(r"(PASSWORD|TOKEN|SECRET)$")
 
 
 class EnvFileError(ValueError):
