@@ -83,7 +83,7 @@ def diagnose(
                     f"{env_file.name}:{e.line}: {e.name} is not a known name"
                     f"{_did_you_mean(e.name, known)}; .env.example lists them all"
                 )
-        notes.append(f"{env_file.name}: {len(entries)} names")
+        notes.append(f"{env_file.name} checked")
     else:
         notes.append("no .env (compose.yaml's defaults)")
 
