@@ -62,6 +62,9 @@ if [ ${#stand_ins[@]} -gt 0 ]; then
     while IFS='=' read -r key value; do
         [ -n "$key" ] && export "$key=$value"
     done <<<"$bases"
+    # Only this run uses them; other compose commands (a launcher dry run, Locust's profile)
+    # build from the same bases once .env names them.
+    say "for other docker compose commands on this host, put in .env: $(echo $bases)"
 fi
 
 # pip inside the tools build goes through this host's network; behind a TLS-intercepting proxy

@@ -48,6 +48,12 @@ def test_the_demo_says_what_it_did_and_where_to_look(emulated_stack: Stack) -> N
     )
     stand_ins = [ln for ln in lines if ln.startswith("demo: no registry for ")]
     assert len(stand_ins) == (0 if pinned_base_here else 1), lines
+    if stand_ins:
+        (dotenv,) = [ln for ln in lines if ln.startswith("demo: for other docker compose")]
+        assert dotenv.endswith(
+            ": TOOLS_BASE_IMAGE=glmserve-ci/python:3.11-bookworm "
+            "PROMETHEUS_IMAGE=glmserve-ci/prometheus:2.42-bookworm"
+        )
     grafana = [ln for ln in lines if ln.startswith("demo: ") and "Grafana" in ln]
     assert len(grafana) == 1 and grafana[0].startswith("demo: Grafana left out: "), grafana
     assert any(re.fullmatch(r"demo: up in \d+ s: emulator exporter prometheus", ln) for ln in lines)
