@@ -156,7 +156,7 @@ def test_env_example_as_copied_names_what_the_gpu_stack_still_needs(capsys, tmp_
     rc, lines, _ = doctor(capsys, "--env-file", str(copied), host=no_gpu_host)
     assert rc == 1
     assert lines == [
-        "glmserve.doctor: MODEL_DIR (sglang): glmserve.launch: error: model dir "
+        "glmserve.doctor: MODEL_DIR: glmserve.launch: error: model dir "
         "/models/GLM-5-NVFP4 does not exist (is the volume mounted?)",
         "glmserve.doctor: grafana: GRAFANA_ADMIN_PASSWORD is not set (cp .env.example .env and "
         "set it); there is no default admin password, so Grafana would not start",
@@ -181,8 +181,22 @@ def test_a_model_dir_of_the_wrong_model_gets_the_launchers_refusal(capsys, tmp_p
     rc, lines, _ = doctor(capsys, environ=environ)
     assert rc == 1
     (line,) = lines
-    assert line.startswith("glmserve.doctor: MODEL_DIR (sglang): glmserve.launch: error: model in ")
+    assert line.startswith("glmserve.doctor: MODEL_DIR: glmserve.launch: error: model in ")
     assert "profile 'glm5-nvfp4-rtxpro6000-tp8' is for" in line
+
+
+def test_the_smoke_service_inherits_sglangs_needs(capsys):
+    """smoke `extends` sglang: the same model check and GPU reservation, said once for both."""
+    environ = {"MODEL_DIR": str(REPO / "no-such-model"), "GRAFANA_ADMIN_PASSWORD": "x"}
+    rc, lines, _ = doctor(
+        capsys, "--profile", "smoke", "sglang", "smoke", environ=environ, host=no_gpu_host
+    )
+    assert rc == 1
+    assert lines == [
+        f"glmserve.doctor: MODEL_DIR: glmserve.launch: error: model dir {REPO}/no-such-model "
+        "does not exist (is the volume mounted?)",
+        "glmserve.doctor: docker: no NVIDIA container runtime",
+    ]
 
 
 def test_profile_and_service_names(capsys):

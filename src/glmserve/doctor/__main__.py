@@ -154,11 +154,11 @@ def _service_needs(
         for volume in svc.get("volumes") or []:
             if isinstance(volume, dict) and volume.get("target") == "/model":
                 source = Path(compose.interpolate(volume.get("source", ""), values))
-                source = source if source.is_absolute() else project / source
+                source = source if source.is_absolute() else project.resolve() / source
                 env = compose.interpolate(svcs[name].get("environment") or {}, values)
                 said = model_dir(str(source), str(env.get("GLMSERVE_PROFILE") or ""))
                 if said:
-                    problems.append(f"MODEL_DIR ({name}): {said}")
+                    problems.append(f"MODEL_DIR: {said}")
                 break
     if "grafana" in starting:
         env = compose.interpolate(svcs["grafana"].get("environment") or {}, values)

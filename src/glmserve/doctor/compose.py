@@ -45,13 +45,27 @@ def load(path: Path) -> dict[str, Any]:
 
 
 def services(files: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Services of several files merged by name, later files on top (as `-f a -f b` does, for
-    the keys read here)."""
+    """Services of several files merged by name, later files on top (as `-f a -f b` does), and
+    `extends` of a service in the same files resolved, for the keys read here."""
     out: dict[str, dict[str, Any]] = {}
     for data in files:
         for name, svc in data["services"].items():
             out[name] = {**out.get(name, {}), **(svc or {})}
-    return out
+    return {name: _extended(out, name, ()) for name in out}
+
+
+def _extended(svcs: dict[str, dict[str, Any]], name: str, seen: tuple[str, ...]) -> dict[str, Any]:
+    svc = svcs[name]
+    base = svc.get("extends")
+    base = base.get("service") if isinstance(base, dict) and "file" not in base else base
+    if not isinstance(base, str) or base not in svcs or base in seen:
+        return svc
+    parent = _extended(svcs, base, (*seen, name))
+    merged = {**parent, **svc}
+    for key in ("environment",):  # mappings compose merges key by key
+        if isinstance(parent.get(key), dict) and isinstance(svc.get(key), dict):
+            merged[key] = {**parent[key], **svc[key]}
+    return merged
 
 
 def profiles(svcs: Mapping[str, Mapping[str, Any]]) -> set[str]:
