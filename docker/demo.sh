@@ -19,6 +19,10 @@ PY="${PYTHON:-$repo/.venv/bin/python}"
 started=$SECONDS
 say() { echo "demo: $*"; }
 fail() { echo "demo: error: $*" >&2; exit 1; }
+# Builds and compose talk a lot; their output goes here, and its tail to the screen on a failure.
+build_log="$repo/.cache/demo.log"
+mkdir -p "$repo/.cache" && : >"$build_log"
+fail_with_log() { tail -n 25 "$build_log" >&2; fail "$* (the lines above; all of it in $build_log)"; }
 
 [ -x "$PY" ] || fail "no $PY: run 'make venv' first (or set PYTHON to a Python with glmserve installed)"
 
@@ -51,14 +55,16 @@ available() {
     timeout 120 docker pull -q "$1" >/dev/null 2>&1
 }
 
+# GLMSERVE_PULL_POLICY=never: the tools image is used as it is (an offline bundle), not built.
+build_tools="$([ "$(setting services.doctor.pull_policy build)" = never ] && echo no || echo yes)"
 tools_base="$(setting services.doctor.build.args.TOOLS_BASE_IMAGE "$(dockerfile_default TOOLS_BASE_IMAGE)")"
 prometheus_image="$(setting services.prometheus.image)"
 stand_ins=()
-available "$tools_base" || stand_ins+=(tools)
+[ "$build_tools" = no ] || available "$tools_base" || stand_ins+=(tools)
 available "$prometheus_image" || stand_ins+=(prometheus)
 if [ ${#stand_ins[@]} -gt 0 ]; then
     say "no registry for ${stand_ins[*]} ($tools_base, $prometheus_image): building stand-ins from Debian and PyPI (docker/ci-bases.sh; a few minutes the first time)"
-    bases="$(docker/ci-bases.sh "${stand_ins[@]}")" || fail "docker/ci-bases.sh failed (above)"
+    bases="$(docker/ci-bases.sh "${stand_ins[@]}" 2>>"$build_log")" || fail_with_log "docker/ci-bases.sh failed"
     while IFS='=' read -r key value; do
         [ -n "$key" ] && export "$key=$value"
     done <<<"$bases"
@@ -86,9 +92,13 @@ else
     services+=(grafana)
 fi
 
+if [ "$build_tools" = yes ]; then
+    say "building the tools image (docker compose build doctor; pip from PyPI the first time)"
+    "${compose[@]}" build doctor >>"$build_log" 2>&1 || fail_with_log "the tools image did not build"
+fi
 say "starting ${services[*]} (docker compose --profile emulated up)"
-"${compose[@]}" up -d --wait --wait-timeout 300 "${services[@]}" \
-    || fail "compose did not bring the demo up healthy: docker compose --profile emulated logs"
+"${compose[@]}" up -d --no-build --wait --wait-timeout 300 "${services[@]}" >>"$build_log" 2>&1 \
+    || fail_with_log "compose did not bring the demo up healthy; docker compose --profile emulated logs"
 
 sglang="http://$(flag emulator --host):$(flag emulator --port)"
 exporter="http://$(flag exporter --web.listen-address)"
