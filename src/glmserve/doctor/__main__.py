@@ -73,6 +73,7 @@ def diagnose(
         try:
             entries, syntax = parse_env_file(env_file)
             problems += syntax
+            notes.append(f"{env_file.name} checked")
         except EnvFileError as exc:
             if not args.in_compose:
                 raise
@@ -83,7 +84,6 @@ def diagnose(
                     f"{env_file.name}:{e.line}: {e.name} is not a known name"
                     f"{_did_you_mean(e.name, known)}; .env.example lists them all"
                 )
-        notes.append(f"{env_file.name} checked")
     else:
         notes.append("no .env (compose.yaml's defaults)")
 
@@ -100,9 +100,10 @@ def diagnose(
     files = files or [project / "compose.yaml"]
     svcs = compose.services([compose.load(f) for f in files])
     declared = compose.profiles(svcs)
-    chosen = list(args.profile) or [p for p in values.get("COMPOSE_PROFILES", "").split(",") if p]
+    listed = args.profile or values.get("COMPOSE_PROFILES", "").split(",")
+    chosen = [p.strip() for p in listed if p.strip()]
     source = "--profile" if args.profile else "COMPOSE_PROFILES"
-    for profile in (p.strip() for p in chosen):
+    for profile in chosen:
         if profile not in declared:
             problems.append(
                 f"{source}: compose profile {profile!r} does not exist"

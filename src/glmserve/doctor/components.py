@@ -77,6 +77,7 @@ def launcher(environ: Mapping[str, Any]) -> str | None:
     env = {k: "" if v is None else str(v) for k, v in environ.items()}
     try:
         profile = load_profile(_profiles_dir(find_profiles_dir), env.get("GLMSERVE_PROFILE", ""))
+        # Compose gives the launcher no options, only this environment: its parser's defaults.
         resolve_inputs(_parser().parse_args([]), [], profile, env)
         checks.fp8_gather_state(env)
         checks.fp8_attention_mode(env)
