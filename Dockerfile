@@ -2,7 +2,7 @@
 # Locust) and the fleet's router. One file, four shipped stages:
 #
 #   tools-build  throw-away: pinned Python deps (optional build-time CA), glmserve wheel
-#   tools        glmserve[emulator,exporter,loadtest] in a venv       (docker build --target tools)
+#   tools        glmserve[emulator,exporter,loadtest,doctor] in a venv (docker build --target tools)
 #   router       smg (the Shepherd Model Gateway) in a venv           (docker build --target router)
 #   server       SGLang base + the patch series + glmserve core       (the default target)
 #
@@ -30,7 +30,7 @@ COPY constraints.txt pyproject.toml README.md ./
 RUN mkdir -p src/glmserve && touch src/glmserve/__init__.py \
     && python3 -m venv /opt/glmserve \
     && pip-ca.sh /opt/glmserve/bin/python install --no-cache-dir -c constraints.txt \
-        ".[emulator,exporter,loadtest]" \
+        ".[emulator,exporter,loadtest,doctor]" \
     && /opt/glmserve/bin/python -m pip uninstall -y glmserve
 COPY src/ src/
 # The wheel also feeds the server stage, which then needs no network and no CA.
@@ -43,7 +43,11 @@ RUN pip-ca.sh /opt/glmserve/bin/python wheel --no-cache-dir --no-deps -c constra
 # --------------------------------------------------------------------------------------------
 FROM ${TOOLS_BASE_IMAGE} AS tools
 COPY --from=tools-build /opt/glmserve /opt/glmserve
+# The launch profiles (data): compose's launcher service dry-runs here, and the doctor checks
+# GLMSERVE_PROFILE against them.
+COPY entrypoint/profiles/ /opt/glmserve-app/entrypoint/profiles/
 ENV PATH=/opt/glmserve/bin:$PATH \
+    GLMSERVE_PROFILES_DIR=/opt/glmserve-app/entrypoint/profiles \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
 # An unprivileged user. /run/glmserve holds the build-info file the emulator writes and
@@ -52,10 +56,10 @@ ENV PATH=/opt/glmserve/bin:$PATH \
 RUN useradd --uid 10001 --user-group --create-home glmserve \
     && mkdir -p /run/glmserve /opt/glmserve-app/loadtest-report \
     && chown glmserve:glmserve /run/glmserve /opt/glmserve-app/loadtest-report \
-    && python -c "import glmserve, starlette, uvicorn, httpx, prometheus_client, locust"
+    && python -c "import glmserve, starlette, uvicorn, httpx, prometheus_client, locust, yaml"
 USER 10001:10001
 WORKDIR /opt/glmserve-app
-# No ENTRYPOINT: compose picks the emulator, exporter or locust command per service.
+# No ENTRYPOINT: compose picks the command per service (emulator, exporter, Locust, doctor, launcher).
 CMD ["python", "-m", "glmserve.emulator", "--host", "127.0.0.1", "--port", "30000", "--tpot-ms", "20", "--ttft-ms", "250"]
 
 # --------------------------------------------------------------------------------------------
@@ -93,7 +97,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG GLMSERVE_VERSION=0.1.0
 ARG SGLANG_VERSION=0.5.12.post1
 ARG PATCH_SERIES=0.5.12.post1
-ARG PATCH_LOCK_SHA256=d84bd5be627fc7682a3680323446095c9f9ee5a3462ec76f763260349de89aab
+ARG PATCH_LOCK_SHA256=f892d6d4d57d99f094af4c1bce78a3d77615477edd9ca09be3941378ca63474b
 # The preflight also imports the new gather module (torch + Triton, present in the real base).
 # CI's torch-less stand-in base passes --no-import; the static checks still run there.
 ARG PREFLIGHT_ARGS=""

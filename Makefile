@@ -2,9 +2,9 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
-EXTRAS  = emulator,exporter,loadtest,kernels,router,dev
+EXTRAS  = emulator,exporter,loadtest,doctor,kernels,router,dev
 
-.PHONY: test lint venv
+.PHONY: test lint venv demo
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -21,3 +21,8 @@ lint: venv
 # stack tests skip without a Docker engine, and fail instead of skipping when CI=true.
 test: lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# The no-GPU demo, with or without a registry: emulator + exporter + Prometheus (+ Grafana when
+# its image is here), then where to look (docker/demo.sh). CI runs it through tests/stack.
+demo: venv
+	@bash docker/demo.sh

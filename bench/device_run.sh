@@ -25,6 +25,7 @@
 # Kernel job inputs: $KERNEL_VARIANTS/*.py, candidate kernels compared first (bitwise check +
 # gather timings); the fastest correct one replaces the installed fp8_kv_gather.py for
 # everything after, and comes back in $OUT so the series can ship exactly those bytes.
+# GPU_TESTS (correctness/kernel jobs) narrows pytest to some of tests/gpu, e.g. the native files.
 # DEVICE_DRY_RUN=1 prints the GPU commands instead of running them (the CPU tests use it);
 # DEVICE_WORK (default /tmp/glmserve-device) is where the overlay is unpacked.
 set -uo pipefail
@@ -95,7 +96,8 @@ kernel | correctness)
   gpu python3 -m glmserve.patching.selftest 2>&1 | tee -a "$log"
   echo "rc=${PIPESTATUS[0]} wall=$((SECONDS - t0)) s" | tee -a "$log"
   step "GPU tests"
-  gpu python3 -m pytest -v -s -rA -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/gpu-tests.log" \
+  # shellcheck disable=SC2086  # GPU_TESTS: test paths, space-separated (default: all of tests/gpu)
+  gpu python3 -m pytest -v -s -rA -p no:cacheprovider ${GPU_TESTS:-tests/gpu} 2>&1 | tee "$OUT/gpu-tests.log" \
     | grep -E "PASSED|FAILED|ERROR|SKIPPED|^\[|passed|failed|^dry-run" | tee -a "$log"
   if [ "$job" = kernel ]; then
     step "benchmark"

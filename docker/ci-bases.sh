@@ -6,10 +6,16 @@
 #   glmserve-ci/sglang:<version>        + pinned sglang wheel, no GPU deps -> BASE_IMAGE
 #   glmserve-ci/prometheus:2.42-bookworm  Debian's prometheus        -> PROMETHEUS_IMAGE
 #
+# Arguments pick which (tools, sglang, prometheus; default all): `make demo` needs no SGLang base.
 # Idempotent: the debootstrap import is skipped when the image exists, and docker's layer cache
 # makes a repeated build take about a second. Prints the tags as KEY=VALUE lines on stdout
 # (progress goes to stderr), so callers can `eval` or parse them.
 set -euo pipefail
+wanted=" ${*:-tools sglang prometheus} "
+for base in $wanted; do
+    case "$base" in tools|sglang|prometheus) ;; *) echo "ci-bases.sh: unknown base '$base' (tools, sglang, prometheus)" >&2; exit 2 ;; esac
+done
+want() { [[ "$wanted" == *" $1 "* ]]; }
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$repo"
 
@@ -43,8 +49,18 @@ if ! docker image inspect "$debian_image" >/dev/null 2>&1; then
     rm -rf "$rootfs"
 fi
 
-build "$python_image" docker/python-bookworm.Dockerfile docker --build-arg "DEBIAN_IMAGE=$debian_image"
-build "$prometheus_image" docker/prometheus-bookworm.Dockerfile docker --build-arg "DEBIAN_IMAGE=$debian_image"
+if want tools || want sglang; then
+    build "$python_image" docker/python-bookworm.Dockerfile docker --build-arg "DEBIAN_IMAGE=$debian_image"
+fi
+if want prometheus; then
+    build "$prometheus_image" docker/prometheus-bookworm.Dockerfile docker --build-arg "DEBIAN_IMAGE=$debian_image"
+fi
+if ! want sglang; then
+    want tools && echo "TOOLS_BASE_IMAGE=$python_image"
+    want prometheus && echo "PROMETHEUS_IMAGE=$prometheus_image"
+    log "done"
+    exit 0
+fi
 
 wheel="$(ls "$cache/wheels"/sglang-"$sglang_version"-*.whl 2>/dev/null | head -n1 || true)"
 if [ -z "$wheel" ]; then
@@ -59,8 +75,8 @@ trap 'rm -rf "$context"' EXIT
 cp "$wheel" "$context/"
 build "$sglang_image" docker/sglang-base.Dockerfile "$context" --build-arg "PYTHON_IMAGE=$python_image"
 
-echo "TOOLS_BASE_IMAGE=$python_image"
+want tools && echo "TOOLS_BASE_IMAGE=$python_image"
 echo "BASE_IMAGE=$sglang_image"
-echo "PROMETHEUS_IMAGE=$prometheus_image"
+want prometheus && echo "PROMETHEUS_IMAGE=$prometheus_image"
 echo "SGLANG_VERSION=$sglang_version"
 log "done"

@@ -34,7 +34,7 @@ save() {
     [ "$with_server" = 1 ] && vars+=(GLMSERVE_IMAGE)
     # OFFLINE_NO_BUILD=1: save the images as they are (already built; the tests use it).
     if [ -z "${OFFLINE_NO_BUILD:-}" ]; then
-        local services=(exporter)
+        local services=(doctor)  # the service that builds the tools image
         [ "$with_server" = 1 ] && services+=(sglang)
         log "building ${services[*]} through compose"
         COMPOSE_PROFILES=gpu docker compose build "${services[@]}" >&2

@@ -72,7 +72,9 @@ def test_faults_over_real_sockets_are_counted_by_reason(fake, exporter, reason):
     wait_for(exporter.port, lambda s: tpot_count(s) > before)
 
 
-def test_module_entry_point_serves_and_stops_on_sigterm(fake: SSEServer, tmp_path):
+@pytest.mark.parametrize("log_level", ["info", "debug"])
+def test_module_entry_point_serves_and_stops_on_sigterm(fake: SSEServer, tmp_path, log_level):
+    """...and logs each HTTP request it makes only at --log.level debug."""
     port = free_port()
     env = {**os.environ, "GLMSERVE_EXPORTER_CANARY_INTERVAL": "200ms"}
     proc = subprocess.Popen(
@@ -82,6 +84,7 @@ def test_module_entry_point_serves_and_stops_on_sigterm(fake: SSEServer, tmp_pat
             "--web.listen-address", f"127.0.0.1:{port}",
             "--canary.max-tokens", "4",
             "--build-info.file", str(tmp_path / "none.json"),
+            "--log.level", log_level,
         ],
         env=env,
         stdout=subprocess.PIPE,
@@ -105,3 +108,6 @@ def test_module_entry_point_serves_and_stops_on_sigterm(fake: SSEServer, tmp_pat
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=15)
     assert rc == 0
+    log = proc.stdout.read() if proc.stdout else ""
+    assert "serving /metrics" in log
+    assert ("HTTP Request: " in log) == (log_level == "debug"), log

@@ -164,10 +164,47 @@ def test_unpatched_tree_is_refused_in_one_line(pristine, tmp_path):
 @pytest.mark.skipif(
     importlib.util.find_spec("sglang") is not None, reason="this venv has its own SGLang installed"
 )
-def test_no_sglang_at_all_is_refused_in_one_line(tmp_path):
+def test_no_sglang_at_all_is_refused_in_one_line_but_dry_runs(tmp_path):
+    """A start (or --check) needs SGLang; a dry run shows the plan without it (compose's
+    launcher service runs in the tools image) and says what it could not check."""
     empty = tmp_path / "empty-site"
     empty.mkdir()
-    proc = launch(empty, tmp_path, "--dry-run", "--profile", "tiny-mla")
+    proc = launch(empty, tmp_path, "--check", "--profile", "tiny-mla")
     assert proc.returncode == 2
     [line] = proc.stderr.splitlines()
     assert "SGLang is not installed" in line
+    proc = launch(empty, tmp_path, "--dry-run", "--profile", "tiny-mla")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["argv"][1:3] == ["-m", "sglang.launch_server"]
+    assert report["sglang"]["version"].startswith("not installed here")
+    assert any("no SGLang in this image" in w for w in report["warnings"])
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("sglang") is not None, reason="this venv has its own SGLang installed"
+)
+@pytest.mark.parametrize(
+    "extra", [["--hos", "0.0.0.0"], ["--tp-s=64"], ["--model-pa", "/etc"], ["--conf", "x.yaml"]]
+)
+def test_without_sglang_a_dry_run_still_refuses_prefixes_of_owned_flags(tmp_path, extra):
+    """The tools image's dry run has no SGLang parser to ask: every prefix of a launcher-owned
+    flag is refused instead, so the probe's `--hos 0.0.0.0` exits 2 there too."""
+    empty = tmp_path / "empty-site"
+    empty.mkdir()
+    proc = launch(empty, tmp_path, "--dry-run", "--profile", "tiny-mla", "--", *extra)
+    assert proc.returncode == 2, proc.stdout
+    [line] = proc.stderr.splitlines()
+    assert line.startswith("glmserve.launch: error: extra SGLang arg " + extra[0].split("=")[0])
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("sglang") is not None, reason="this venv has its own SGLang installed"
+)
+def test_without_sglang_secret_values_are_still_redacted(tmp_path):
+    empty = tmp_path / "empty-site"
+    empty.mkdir()
+    proc = launch(empty, tmp_path, "--dry-run", "--profile", "tiny-mla",
+                  "--", "--api-k", "s3cret", "--admin-api-key=s3cret")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "s3cret" not in proc.stdout + proc.stderr

@@ -279,3 +279,16 @@ def test_the_launchers_view_of_the_parser_knows_every_sglang_option(specs):
     assert not unresolved and len(specs) > 300
     assert resolve(parser, "--tp") == resolve(parser, "--tp-s") == resolve(parser, "--tp-size")
     assert resolve(parser, "--no-such-flag") is None
+
+
+def test_the_prefix_fallback_refuses_no_option_sglang_would_accept(specs):
+    """Without SGLang (the tools image), every prefix of a launcher-owned flag is refused. That
+    must never hit an option of SGLang's own: none is a prefix of an owned flag or of --config
+    (argparse takes an exact option over an abbreviation, so such an option would be legal)."""
+    from glmserve.launch.sglang_argv import CONFIG_FLAG
+
+    owned = (*LAUNCHER_OWNED_FLAGS, CONFIG_FLAG)
+    for option in specs:
+        if option in owned or not option.startswith("--") or len(option) < 4:
+            continue
+        assert not [f for f in owned if f.startswith(option)], option

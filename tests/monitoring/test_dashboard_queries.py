@@ -77,12 +77,26 @@ def test_info_series_describes_the_emulator(stack: LiveStack):
     assert labels["summary"] == "FP8 KV, patched, pool 495k"
 
 
-def test_preview_renders_from_prometheus_data(stack: LiveStack, tmp_path: Path):
-    from glmserve.monitoring.preview import render_preview
+def test_preview_command_draws_the_live_panels(stack: LiveStack, tmp_path: Path):
+    """`python -m glmserve.monitoring.preview --prometheus URL`, the product command, against
+    the live Prometheus: a PNG of every time-series panel, none of them empty."""
+    import subprocess
+    import sys
+
+    from glmserve.monitoring.preview import PrometheusHTTP, preview_figure
 
     wait_all_series(stack.prometheus)
-    import time
-
-    out = render_preview(stack.prometheus, stack.started_at, time.time(), tmp_path / "p.png")
+    out = tmp_path / "preview.png"
+    proc = subprocess.run(
+        [sys.executable, "-m", "glmserve.monitoring.preview",
+         "--prometheus", stack.prometheus.url, "--output", str(out), "--minutes", "1"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"wrote {out}")
     data = out.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+    import time
+
+    _, empty = preview_figure(PrometheusHTTP(stack.prometheus.url), stack.started_at, time.time())
+    assert empty == []

@@ -1,9 +1,11 @@
 """The SHIPPED native decode kernel compiles for the Blackwell targets it ships to (and SM90).
 
 No GPU is needed: Triton compiles to PTX and its bundled ptxas assembles for sm_120a (RTX PRO
-6000), sm_100a (B200) and sm_90a (H100/H200). For every launch configuration the kernel picks
-on that target, the resource report must show no register spills and shared memory within
-the target's per-block limit; the PTX must use the hardware e4m3 -> fp16 convert.
+6000), sm_100a (B200) and sm_90a (H100/H200). For the launch configuration the kernel picks
+on that target for 8 heads (GLM-5 at TP8) and for 16, the resource report must show no register
+spills and shared memory within the target's per-block limit (so the host-side choice by shared
+memory, `launch_config`, is right for the target); the PTX must use the hardware e4m3 -> fp16
+convert.
 Runs in a child process: the interpreter tests in this directory set TRITON_INTERPRET=1.
 """
 
@@ -38,7 +40,6 @@ CHILD = textwrap.dedent(
     sys.modules[spec.name] = m
     spec.loader.exec_module(m)
     bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    INTS = {"num_heads", "n_pool_rows", "num_splits", "min_chunk", "h_pad"}
     PTRS = {"kv_ptr": "*u8", "kv_indptr_ptr": "*i32", "kv_indices_ptr": "*i32",
             "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
 
@@ -54,7 +55,7 @@ CHILD = textwrap.dedent(
                 sig[name] = "fp32"
             else:
                 sig[name] = "i32"
-                if name.startswith("stride") or name == "h_pad":
+                if name.startswith("stride"):
                     attrs[(i,)] = [["tt.divisibility", 16]]
         return sig, attrs
 
@@ -72,18 +73,22 @@ CHILD = textwrap.dedent(
         return {"rc": report.returncode, "stderr": report.stderr[-400:], "spill_bytes": spilled,
                 "shared": k.metadata.shared, "cvt_e4m3": "cvt.rn.f16x2.e4m3x2" in k.asm["ptx"]}
 
+    def fake_cuda(smem, major):
+        # launch_config reads (SMs, shared memory per block, major) of the device: the target's.
+        m._DEVICE_INFO[0] = (132, smem, major)
+        return m.torch.device("cuda", 0)
+
     out = {}
     for cc, smem in ((120, 101376), (100, 232448), (90, 232448)):
-        configs = {m.CONFIG_LARGE_BATCH,
-                   m.CONFIG_SMALL_BATCH_WIDE if smem >= m.WIDE_TILE_SHARED_BYTES else m.CONFIG_SMALL_BATCH}
-        for cfg in sorted(configs, key=str):
-            for split in (True, False):
-                const = dict(BLOCK_H=m.BLOCK_H, BLOCK_N=cfg.block_n, D_BLK=m.D_LATENT // 4,
-                             D_PE=m.D_ROPE, SPLIT=split, ASM_CVT=True, ON_CPU=False)
-                r = build(m._mla_decode_fp8_stage1, const, cc, cfg.num_warps, cfg.num_stages)
-                r["smem_limit"] = smem
-                out[f"sm_{cc} stage1 {cfg} split={split}"] = r
-        const = dict(BLOCK_N=32, BLOCK_S=m.MERGE_BLOCK_S, BLOCK_D=m.MERGE_BLOCK_D, D_LAT=m.D_LATENT)
+        device = fake_cuda(smem, cc // 10)
+        for heads in (8, 16):
+            cfg = m.launch_config(heads, device)
+            const = dict(HP=cfg.heads_per_program, BLOCK_N=cfg.block_n, D_PE=m.D_ROPE,
+                         FORM=cfg.form, ASM_CVT=True, ON_CPU=False)
+            r = build(m._mla_decode_fp8_stage1, const, cc, cfg.num_warps, cfg.num_stages)
+            r["smem_limit"] = smem
+            out[f"sm_{cc} stage1 heads={heads} {cfg}"] = r
+        const = dict(BLOCK_S=m.MERGE_BLOCK_S, BLOCK_D=m.MERGE_BLOCK_D)
         r = build(m._mla_decode_fp8_merge, const, cc, 4, 1)
         r["smem_limit"], r["cvt_e4m3"] = smem, True
         out[f"sm_{cc} merge"] = r

@@ -33,7 +33,6 @@ from support.stack import (
     Stack,
     Timings,
     compose_env,
-    exporter_available,
     lock_build_args,
     render_prometheus_dir,
     run,
@@ -93,10 +92,11 @@ def build_ca() -> None:
 
 @pytest.fixture(scope="session")
 def tools_image(ci_bases: dict[str, str], build_ca: None, stack_timings: Timings) -> str:
-    """The Dockerfile's `tools` stage, built through compose (as `docker compose build` does)."""
+    """The Dockerfile's `tools` stage, built through compose (as `docker compose build` does;
+    the doctor service is the one that builds it)."""
     with stack_timings.measure("tools image build"):
         run(
-            ["docker", "compose", "-f", "compose.yaml", "build", "exporter"],
+            ["docker", "compose", "-f", "compose.yaml", "build", "doctor"],
             env=compose_env(ci_bases, COMPOSE_PROFILES="emulated"),
             timeout=900,
         )
@@ -120,8 +120,13 @@ def server_image(ci_bases: dict[str, str], tools_image: str, stack_timings: Timi
 def emulated_stack(
     ci_bases: dict[str, str], tools_image: str, stack_timings: Timings
 ) -> Iterator[Stack]:
-    """`docker compose --profile emulated up` (emulator, Prometheus, and the exporter once it
-    exists), brought up once per session and torn down with its volumes at the end."""
+    """`make demo` (docker/demo.sh: the doctor, stand-in bases, `docker compose --profile
+    emulated up --wait`), brought up once per session and torn down with its volumes at the end.
+
+    Exactly the README's command; the test changes only what compose reads from the
+    environment: free ports, a project name, the test's tools image, and an override file
+    (COMPOSE_FILE) for Prometheus's 1 s scrape. The base images are NOT given: the demo finds
+    the registry unreachable and builds its stand-ins itself (the same images as `ci_bases`)."""
     ports = {name: free_port() for name in CONTRACT_PORTS}
     workdir = Path(tempfile.mkdtemp(prefix="glmserve-stack-"))
     workdir.chmod(0o755)
@@ -145,6 +150,8 @@ def emulated_stack(
             }
         )
     )
+    project = f"glmserve-stack-{os.getpid()}"
+    files = [REPO / "compose.yaml", override]
     env = compose_env(
         ci_bases,
         SGLANG_PORT=str(ports["sglang"]),
@@ -156,30 +163,24 @@ def emulated_stack(
         # time on top of --tpot-ms.
         EMULATOR_COST_MODEL="off",
         EXPORTER_CANARY_INTERVAL="2s",
+        COMPOSE_PROJECT_NAME=project,
+        COMPOSE_FILE=os.pathsep.join(str(f) for f in files),
+        PYTHON=sys.executable,
     )
-    env.pop("COMPOSE_PROFILES", None)
-    services = ["emulator", "prometheus"] + (["exporter"] if exporter_available() else [])
+    for found_by_the_demo in ("COMPOSE_PROFILES", "TOOLS_BASE_IMAGE", "PROMETHEUS_IMAGE"):
+        env.pop(found_by_the_demo, None)
+    services = ["emulator", "prometheus", "exporter"]
     stack = Stack(
-        project=f"glmserve-stack-{os.getpid()}",
+        project=project,
         workdir=workdir,
         env=env,
         ports=ports,
         services=services,
-        files=[REPO / "compose.yaml", override],
+        files=files,
     )
     try:
-        with stack_timings.measure("compose up"):
-            stack.compose(
-                "--profile",
-                "emulated",
-                "up",
-                "-d",
-                "--no-build",
-                "--wait",
-                "--wait-timeout",
-                "120",
-                *services,
-            )
+        with stack_timings.measure("make demo"):
+            stack.log = run(["make", "--no-print-directory", "demo"], env=env, timeout=600).stdout
         yield stack
     finally:
         with stack_timings.measure("compose down"):

@@ -143,29 +143,50 @@ def test_grafana_admin_password_is_required_by_grafana_not_by_compose(tmp_path: 
 
 
 def test_the_tools_image_is_built_once(tmp_path: Path) -> None:
-    """Only the exporter (in every stack) builds it; the emulator and Locust use its image."""
-    services = config_json(example_env(tmp_path), "emulated", "loadtest")["services"]
+    """Only the doctor (first in every stack) builds it; the others use its image."""
+    services = config_json(example_env(tmp_path), "emulated", "loadtest", "launcher")["services"]
     builders = [
         n for n, svc in services.items() if "build" in svc and svc["build"]["target"] == "tools"
     ]
-    assert builders == ["exporter"]
-    image = services["exporter"]["image"]
-    for name in ("emulator", "locust"):
+    assert builders == ["doctor"]
+    image = services["doctor"]["image"]
+    for name in ("emulator", "exporter", "locust", "launcher"):
         assert services[name]["image"] == image and services[name]["pull_policy"] == "never"
+
+
+def test_every_service_starts_after_the_doctor(tmp_path: Path) -> None:
+    """The doctor runs first and must pass: a bad .env stops `up` before any service starts."""
+    profiles = ("gpu", "emulated", "loadtest", "launcher", "smoke")
+    services = config_json(example_env(tmp_path), *profiles)["services"]
+    doctor = services.pop("doctor")
+    assert doctor["command"][:3] == ["python", "-m", "glmserve.doctor"]
+    assert "--in-compose" in doctor["command"] and doctor["network_mode"] == "none"
+    assert doctor["restart"] == "no"
+    (project,) = doctor["volumes"]
+    assert project["target"] == "/project" and project["read_only"] is True
+    for name, svc in services.items():
+        needs = svc.get("depends_on", {}).get("doctor", {})
+        assert needs.get("condition") == "service_completed_successfully", name
 
 
 def test_offline_hosts_use_loaded_images_as_they_are(tmp_path: Path) -> None:
     env = example_env(tmp_path, GLMSERVE_PULL_POLICY="never")
     services = config_json(env, "gpu", "emulated")["services"]
-    assert services["exporter"]["pull_policy"] == services["sglang"]["pull_policy"] == "never"
+    assert services["doctor"]["pull_policy"] == services["sglang"]["pull_policy"] == "never"
 
 
 def test_the_launcher_service_dry_runs_without_gpus(tmp_path: Path) -> None:
-    """`docker compose run --rm launcher --dry-run`: no NVIDIA runtime needed for a dry run."""
+    """`docker compose run --rm launcher --dry-run`: no NVIDIA runtime, no SGLang base image and
+    no ulimits needed for a dry run (the tools image); the launcher's inputs are sglang's."""
     services = config_json(example_env(tmp_path), "gpu", "launcher")["services"]
     launcher, sglang = services["launcher"], services["sglang"]
     assert "deploy" not in launcher or not launcher["deploy"]
-    assert launcher["image"] == sglang["image"] and launcher["profiles"] == ["launcher"]
+    assert "ulimits" not in launcher and "ipc" not in launcher
+    assert launcher["image"] == services["doctor"]["image"] != sglang["image"]
+    assert launcher["entrypoint"] == ["python", "-m", "glmserve.launch"]
+    assert launcher["profiles"] == ["launcher"]
+    shared = {k: v for k, v in sglang["environment"].items() if k != "GLMSERVE_HOLD_ON_ERROR"}
+    assert {k: launcher["environment"].get(k) for k in shared} == shared
     assert launcher["environment"]["GLMSERVE_HOLD_ON_ERROR"] == "0"
     assert launcher["environment"]["GLMSERVE_PROFILE"] == sglang["environment"]["GLMSERVE_PROFILE"]
     assert [v["target"] for v in launcher["volumes"]] == ["/model"]
@@ -236,12 +257,13 @@ def test_emulated_profile_needs_no_gpu(tmp_path: Path) -> None:
 def test_every_service_uses_host_network_and_pinned_images(tmp_path: Path) -> None:
     services = config_json(example_env(tmp_path), "gpu", "emulated", "loadtest")["services"]
     for name, svc in services.items():
-        assert svc.get("network_mode") == "host", name
+        # The doctor reads files and needs no network at all.
+        assert svc.get("network_mode") == ("none" if name == "doctor" else "host"), name
         image = svc["image"]
         assert ":" in image.rsplit("/", 1)[-1] and not image.endswith(":latest"), (name, image)
         if "build" in svc:
             assert svc.get("pull_policy") == "build", name  # GLMSERVE_PULL_POLICY's default
-        elif svc.get("pull_policy") != "never":  # our tools image, built by the exporter
+        elif svc.get("pull_policy") != "never":  # our tools image, built by the doctor
             assert "@sha256:" in image, f"{name}: third-party image not pinned by digest"
 
 

@@ -153,11 +153,6 @@ def render_prometheus_dir(dest: Path, ports: dict[int, int], interval: str = "1s
     return dest
 
 
-def exporter_available() -> bool:
-    """The exporter joins the stack once the monitoring work has landed its module."""
-    return (REPO / "src" / "glmserve" / "exporter" / "__main__.py").is_file()
-
-
 @dataclass
 class Stack:
     """One running compose project (emulated profile), all on 127.0.0.1 with free ports."""
@@ -168,6 +163,7 @@ class Stack:
     ports: dict[str, int]
     services: list[str]
     files: list[Path] = field(default_factory=list)
+    log: str = ""  # what the command that started it printed (`make demo`)
 
     @property
     def sglang_url(self) -> str:

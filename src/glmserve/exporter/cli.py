@@ -157,6 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # httpx logs every request it makes at INFO: one line per probe and canary is noise at info.
+    logging.getLogger("httpx").setLevel(logging.DEBUG if log_level == "debug" else logging.WARNING)
     try:
         exporter = start(config)
     except OSError as exc:

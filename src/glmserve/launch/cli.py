@@ -32,6 +32,7 @@ from glmserve.launch.profiles import (
 )
 
 PROG = "glmserve.launch"
+NOT_HERE = "not installed here (checked when the server image starts)"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 30000
 EXTRA_ARGS_ENV = "GLMSERVE_EXTRA_ARGS"
@@ -381,19 +382,25 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
     backend = decode_attention_backend(plan.argv)
     patched_path = uses_patched_path(plan.argv)
     site = host.sglang_site()
+    # compose's launcher service dry-runs in the tools image, so that seeing the command needs
+    # no SGLang base image: the plan is the same, and SGLang itself is checked where it runs.
+    without_sglang = site is None and ns.dry_run
     version = host.detect_version(site) if site is not None else None
     half = host.interrupted_patch(site) if site is not None else None
     if half is not None:
         raise LaunchError(half)  # files may be mid-swap: no profile may run on them
     marker = host.read_marker(site) if site is not None and version is not None else None
-    checks.check_sglang(profile, site, version, marker, require_patch=patched_path)
-    assert site is not None  # check_sglang refused otherwise
+    if not without_sglang:
+        checks.check_sglang(profile, site, version, marker, require_patch=patched_path)
+        assert site is not None  # check_sglang refused otherwise
     # Asked of SGLang's own parser: `--hos` or `--tp-s=64` would override the launcher's checks.
-    parser = host.sglang_parser(site)
+    # Without SGLang (the tools image's dry run) every prefix of a launcher-owned flag is refused
+    # instead, a superset of what the parser resolves to one (tests/launch checks it is no more).
+    parser = host.sglang_parser(site) if site is not None else None
     where = f"profile '{profile.name}' arg"
     sglang_argv.check_not_owned(parser, profile.args, LAUNCHER_OWNED_FLAGS, where)
     sglang_argv.check_not_owned(parser, inputs.extra_args, LAUNCHER_OWNED_FLAGS, "extra SGLang arg")
-    if patched_path:
+    if patched_path and site is not None:
         problems = host.preflight(site)
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
@@ -405,8 +412,8 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
     checks.check_writable_dir(checks.flashinfer_cache_dir(plan.env), "FlashInfer JIT cache dir")
     series = str((marker or {}).get("series", ""))
     sglang_info = {
-        "version": str(version),
-        "site": str(site),
+        "version": NOT_HERE if without_sglang else str(version),
+        "site": NOT_HERE if without_sglang else str(site),
         "patch_series": series,
         "attention_backend": backend or "(SGLang's choice)",
         "patch_in_use": patched_path,
@@ -414,6 +421,11 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
     }
     warnings = [w for w in [checks.cuda_graph_warning(plan.argv)] if w]
     shown = sglang_argv.redact(parser, plan.argv)  # what is printed; SGLang gets plan.argv
+    if without_sglang:
+        warnings.append(
+            f"no SGLang in this image: its version ({profile.sglang_version} expected) and the "
+            "patch are checked when the server image starts"
+        )
     if ns.dry_run:
         fitted = _fit(plan, None)
         report = _report(plan, shown, sglang_info, "not probed (--dry-run)", warnings, fitted)

@@ -170,13 +170,43 @@ def owned_dests(parser: argparse.ArgumentParser, flags: Iterable[str]) -> dict[s
     return dests
 
 
+# Without SGLang's parser (the tools image has no SGLang): what a prefix may stand for.
+SECRET_FLAGS = ("--api-key", "--admin-api-key", "--ssl-keyfile-password")
+CONFIG_FLAG = "--config"
+
+
+def _prefix_dest(arg: str, flags: Iterable[str]) -> str | None:
+    """The flag `arg` could abbreviate (or name exactly, or in its `=` form): the first of
+    `flags` it is a prefix of. A superset of argparse's answer, which also needs the prefix to
+    be unique among all of SGLang's options; a bare `--` or `-x` is too short to be one."""
+    if not _option_like(arg):
+        return None
+    name = arg.split("=", 1)[0]
+    if not name.startswith("--") or len(name) < 4:
+        return None
+    return next((f for f in flags if f.startswith(name)), None)
+
+
 def check_not_owned(
-    parser: argparse.ArgumentParser, args: Sequence[str], owned: Iterable[str], where: str
+    parser: argparse.ArgumentParser | None,
+    args: Sequence[str],
+    owned: Iterable[str],
+    where: str,
 ) -> None:
-    """Refuse the first argument SGLang would read as one of the launcher's own flags."""
-    taken = owned_dests(parser, owned)
+    """Refuse the first argument SGLang would read as one of the launcher's own flags. With no
+    parser (SGLang not installed here), refuse every prefix of one, which covers them all."""
+    owned = tuple(owned)
+    if parser is None:
+        taken = {flag.lstrip("-").replace("-", "_"): flag for flag in owned}
+        taken[CONFIG_DEST] = CONFIG_FLAG
+    else:
+        taken = owned_dests(parser, owned)
     for arg in args:
-        dest = resolve(parser, arg)
+        if parser is None:
+            hit = _prefix_dest(arg, (*owned, CONFIG_FLAG))
+            dest = None if hit is None else hit.lstrip("-").replace("-", "_")
+        else:
+            dest = resolve(parser, arg)
         if dest is None:
             continue
         flag = arg.split("=", 1)[0]
@@ -194,8 +224,9 @@ def check_not_owned(
             )
 
 
-def redact(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
-    """argv with the values of secret options replaced (`--api-key X`, `--api-k=X`, ...)."""
+def redact(parser: argparse.ArgumentParser | None, argv: Sequence[str]) -> list[str]:
+    """argv with the values of secret options replaced (`--api-key X`, `--api-k=X`, ...); with
+    no parser, the values of every prefix of one."""
     out: list[str] = []
     hide_next = False
     for arg in argv:
@@ -203,10 +234,14 @@ def redact(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
             out.append(REDACTED)
             hide_next = False
             continue
-        try:
-            dest = resolve(parser, arg)
-        except LaunchError:
-            dest = None
+        if parser is None:
+            hit = _prefix_dest(arg, SECRET_FLAGS)
+            dest = None if hit is None else hit.lstrip("-").replace("-", "_")
+        else:
+            try:
+                dest = resolve(parser, arg)
+            except LaunchError:
+                dest = None
         if dest in SECRET_DESTS:
             if "=" in arg:
                 out.append(arg.split("=", 1)[0] + "=" + REDACTED)

@@ -185,10 +185,11 @@ def _streams(n: int) -> str:
 
 def _plain(ax: Any, integer_y: bool = False, x: bool = True) -> None:
     """Tick labels as plain numbers (no offset like "+2e1", no scientific notation) and few
-    enough of them that neighbours never overlap; integer ticks for counts."""
+    enough of them that neighbours never overlap; integer ticks for counts. x=False leaves
+    the x axis as the caller set it (categorical ticks)."""
     from matplotlib.ticker import MaxNLocator, ScalarFormatter
 
-    for axis in (ax.xaxis, ax.yaxis):
+    for axis in (ax.xaxis, ax.yaxis) if x else (ax.yaxis,):
         if axis.get_scale() != "linear":
             continue
         fmt = ScalarFormatter(useOffset=False)
@@ -235,16 +236,29 @@ def write_plots(
     slo: SLO | None = None,
     incomplete: str | None = None,
 ) -> list[Path]:
+    """latency_histograms.png, and sweep.png when there is more than one step."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only; never open a window
     import matplotlib.pyplot as plt
 
-    from glmserve.streaming import percentile
-
-    limits = {"ttft": slo.ttft_ms, "tpot": slo.tpot_ms} if slo is not None else {}
-    banner = _banner(steps, incomplete)
+    figures = [("latency_histograms.png", latency_figure(steps, slo, incomplete))]
+    if len(steps) > 1:
+        figures.append(("sweep.png", sweep_figure(steps, slo, incomplete)))
     written = []
+    for name, fig in figures:
+        written.append(directory / name)
+        fig.savefig(written[-1], dpi=100)
+        plt.close(fig)
+    return written
+
+
+def latency_figure(steps: list[StepResult], slo: SLO | None, incomplete: str | None) -> Any:
+    """TTFT, TPOT and ITL histograms, one outline per step."""
+    import matplotlib.pyplot as plt
+
+    limits = _limits(slo)
+    banner = _banner(steps, incomplete)
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
     for ax, key in zip(axes, ("ttft", "tpot", "itl"), strict=True):
         drawn = False
@@ -275,49 +289,61 @@ def write_plots(
     if banner:
         fig.suptitle(banner, color="red", fontsize="medium")
     fig.tight_layout()
-    written.append(directory / "latency_histograms.png")
-    fig.savefig(written[-1], dpi=100)
-    plt.close(fig)
+    return fig
 
-    if len(steps) > 1:
-        streams = [s.streams for s in steps]
-        fig, ((ax_tpot, ax_ttft), (ax_tps, ax_req)) = plt.subplots(2, 2, figsize=(12, 8))
-        for ax, key, name in ((ax_tpot, "tpot", "TPOT"), (ax_ttft, "ttft", "TTFT")):
-            for q in (50, 90, 99):
-                ax.plot(streams, [percentile(s.latency_ms(key), q) for s in steps], "o-",
-                        label=f"p{q}")  # fmt: skip
-            if limits.get(key) is not None:
-                ax.axhline(limits[key], color="red", linestyle="--",
-                           label=f"SLO {limits[key]:g} ms (p{slo.percentile:g})")  # fmt: skip
-            ax.set(title=f"{name} vs concurrency", ylabel=f"{name} (ms)")
-            ax.set_ylim(bottom=0)
-            _stream_axis(ax, streams)
-            _plain(ax)
-            ax.legend(fontsize="small")
-        tps = [s.aggregate.output_tokens_per_s(s.window_s) for s in steps]
-        ax_tps.plot(streams, tps, "o-")
-        ax_tps.set(title="output tok/s vs concurrency", ylabel="output tokens / s")
-        ax_tps.set_ylim(bottom=0)
-        _stream_axis(ax_tps, streams)
-        _plain(ax_tps)
-        # Requests per step as bars at evenly spaced positions, ok and failed stacked: a step
-        # whose latencies look healthy but whose requests mostly failed shows here.
-        pos = list(range(len(steps)))
-        ok = [len(s.aggregate.timings) for s in steps]
-        bad = [sum(s.aggregate.failures.values()) for s in steps]
-        ax_req.bar(pos, ok, color="tab:green", label="timed")
-        ax_req.bar(pos, bad, bottom=ok, color="tab:red", label="failed")
-        ax_req.set_xticks(pos, [str(n) for n in streams])
-        ax_req.set(title="requests per step", xlabel="concurrent streams", ylabel="requests")
-        _plain(ax_req, integer_y=True, x=False)
-        ax_req.legend(fontsize="small")
-        if banner:
-            fig.suptitle(banner, color="red", fontsize="medium")
-        fig.tight_layout()
-        written.append(directory / "sweep.png")
-        fig.savefig(written[-1], dpi=100)
-        plt.close(fig)
-    return written
+
+def sweep_figure(steps: list[StepResult], slo: SLO | None, incomplete: str | None) -> Any:
+    """TPOT, TTFT and tok/s against concurrency, and the requests each step timed or lost."""
+    import matplotlib.pyplot as plt
+
+    from glmserve.streaming import percentile
+
+    limits = _limits(slo)
+    banner = _banner(steps, incomplete)
+    streams = [s.streams for s in steps]
+    fig, ((ax_tpot, ax_ttft), (ax_tps, ax_req)) = plt.subplots(2, 2, figsize=(12, 8))
+    for ax, key, name in ((ax_tpot, "tpot", "TPOT"), (ax_ttft, "ttft", "TTFT")):
+        for q in (50, 90, 99):
+            ax.plot(streams, [percentile(s.latency_ms(key), q) for s in steps], "o-",
+                    label=f"p{q}")  # fmt: skip
+        if limits.get(key) is not None:
+            assert slo is not None
+            ax.axhline(limits[key], color="red", linestyle="--",
+                       label=f"SLO {limits[key]:g} ms (p{slo.percentile:g})")  # fmt: skip
+        ax.set(title=f"{name} vs concurrency", ylabel=f"{name} (ms)")
+        ax.set_ylim(bottom=0)
+        _stream_axis(ax, streams)
+        _plain(ax)
+        ax.legend(fontsize="small")
+    tps = [s.aggregate.output_tokens_per_s(s.window_s) for s in steps]
+    ax_tps.plot(streams, tps, "o-")
+    ax_tps.set(title="output tok/s vs concurrency", ylabel="output tokens / s")
+    ax_tps.set_ylim(bottom=0)
+    _stream_axis(ax_tps, streams)
+    _plain(ax_tps)
+    # Requests per step as bars at evenly spaced positions, ok and failed stacked: a step
+    # whose latencies look healthy but whose requests mostly failed shows here.
+    pos = list(range(len(steps)))
+    ok = [len(s.aggregate.timings) for s in steps]
+    bad = [sum(s.aggregate.failures.values()) for s in steps]
+    ax_req.bar(pos, ok, color="tab:green", label="timed")
+    ax_req.bar(pos, bad, bottom=ok, color="tab:red", label="failed")
+    # The x ticks are the levels run, not bar positions; _plain must leave that axis alone.
+    ax_req.set_xticks(pos, [str(n) for n in streams])
+    ax_req.set(title="requests per step", xlabel="concurrent streams", ylabel="requests")
+    _plain(ax_req, integer_y=True, x=False)
+    # A zero-height 'failed' bar on top of the tallest one pins autoscaling to its top edge
+    # (matplotlib's sticky edges), cutting it off: leave room above it, and for the legend.
+    ax_req.set_ylim(0, max(1, *(o + b for o, b in zip(ok, bad, strict=True))) * 1.2)
+    ax_req.legend(fontsize="small", loc="upper left")
+    if banner:
+        fig.suptitle(banner, color="red", fontsize="medium")
+    fig.tight_layout()
+    return fig
+
+
+def _limits(slo: SLO | None) -> dict[str, float | None]:
+    return {"ttft": slo.ttft_ms, "tpot": slo.tpot_ms} if slo is not None else {}
 
 
 def _ms(seconds: float | None) -> str:

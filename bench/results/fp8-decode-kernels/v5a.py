@@ -1,0 +1,751 @@
+"""Native FP8 MLA decode attention (added by the glmserve patch series).
+
+FlashInfer's fa2 MLA kernel (SM120's family) reads only 16-bit KV, so with an FP8 KV cache the
+gather-then-cast path (``fp8_kv_gather.py``) first writes a BF16 copy of every row the step
+reads, and FlashInfer then reads that copy: 5 bytes moved per KV element against 2 for a BF16
+pool. This kernel reads the FP8 e4m3 pool itself, 1 byte per element, through the step's
+``kv_indptr``/``kv_indices`` (the buffers FlashInfer plans with) and writes what
+``decode_wrapper.run`` writes. Decode only: prefill/extend stay on gather-then-cast + FlashInfer.
+
+Design:
+  * work balance over the whole step: every request costs its token count plus a fixed
+    ``overhead`` (its q load and output write). The step's total cost, read on the device
+    from ``kv_indptr``, is cut into equal contiguous chunks, one per program of a grid that
+    is fixed per device (SMs x programs per SM). A program walks the requests its chunk
+    touches; a request it covers whole is written straight to ``out``, a request cut by a
+    chunk border leaves a normalised partial and its log-sum-exp in one of the program's
+    two partial slots (its first and its last request can be cut, no other). Short requests
+    share a program, long ones spread over many, with no per-request split count;
+  * the tile loop (``BLOCK_N`` KV rows) loads the next tiles asynchronously while the current
+    one computes (Triton's software pipelining of a ``for`` loop). MLA's latent row is shared
+    by every head, so each FP8 tile is converted once for all heads of the group, for QK and
+    for PV;
+  * two tile forms compute the same function. ``heads-m`` puts the heads in the MMA's M
+    dimension (q as the A operand). ``kv-m`` puts the tile's KV rows in M (S^T = K q^T,
+    O^T = V^T P^T): M = 64 rows reaches the SM90 warpgroup MMA, q lives in shared memory, and
+    8 heads need no padding;
+  * the merge kernel combines each cut request's partials by log-sum-exp and writes zeros
+    for empty requests.
+
+Numerics: q is not quantized. The tensor cores take fp16 (e4m3 -> fp16 is exact and one
+instruction per two values). Each (request, head) row of q is first scaled by a power of two
+that puts its largest |value| in [2^14, 2^15) (any finite bf16, up to 2^127, fits): every bf16
+value within 2^31 of that maximum is then exact in fp16, and the scale is undone in the softmax
+exponent. Softmax weights go to the PV product as fp16 scaled by 2^15 (more mantissa than the
+bf16 weights FlashInfer uses). NaN in q or in a row read propagates to that head's output, as
+it does through the upstream cast; nothing maps it to zeros.
+
+CUDA graphs: the grids depend only on the device, the batch size and the head count; every
+length and chunk border is computed on the device from ``kv_indptr``; nothing syncs with the
+host and nothing is allocated per call. The partial-result workspace depends only on the
+device and the head groups (not on the batch), is allocated outside any capture, and is
+never freed or replaced while the process lives: a captured graph keeps pointing at live
+memory whatever runs eagerly afterwards.
+
+``GLMSERVE_FP8_ATTENTION=native`` (default) or ``gather`` chooses the decode path when the
+patch is on; ``GLMSERVE_FP8_GATHER=0`` switches the whole series off (upstream cast).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import triton
+import triton.language as tl
+
+logger = logging.getLogger(__name__)
+
+ENV_MODE = "GLMSERVE_FP8_ATTENTION"
+MODES = ("native", "gather")
+DEFAULT_MODE = "native"
+
+D_LATENT = 512  # kv_lora_rank: the latent part of a row, which is also V
+D_ROPE = 64  # qk_rope_head_dim
+# In-kernel constants: the latent is handled as four column blocks (independent MMA chains).
+LATENT = tl.constexpr(D_LATENT)
+D_BLK = tl.constexpr(D_LATENT // 4)
+LOG2E = 1.4426950408889634
+P_SCALE = tl.constexpr(32768.0)  # softmax weights are in (0, 1]: x 2^15 stays below fp16's max
+FORM_HEADS_M = 0
+FORM_KV_M = 1
+FORM_MIXED = 2  # KV rows in M for QK, heads in M for PV
+MERGE_BLOCK_D = 128
+MERGE_BLOCK_S = 16
+# Programs per device assumed when the tensors are not on a GPU (the interpreter).
+INTERPRETER_SMS = 4
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    form: int  # FORM_HEADS_M or FORM_KV_M
+    block_n: int  # KV rows per tile
+    num_warps: int
+    num_stages: int  # software-pipelining depth of the tile loads
+    programs_per_sm: int  # stage-1 programs per SM (the grid is SMs x this)
+    min_chunk: int = 256  # fewest cost units (tokens) a program takes
+    overhead: int = 64  # cost of a request's q load and output write, in tokens
+
+    def heads_per_group(self, num_heads: int) -> int:
+        """Heads one program serves: the MMA dimension they sit in is padded to this."""
+        if self.form != FORM_HEADS_M and num_heads <= 8:
+            return 8
+        return 16
+
+
+# Measured on an H200 with bench/fp8_decode.py (bench/results/); every configuration
+# computes the same function.
+CONFIG_GPU = LaunchConfig(form=FORM_KV_M, block_n=64, num_warps=4, num_stages=2, programs_per_sm=2)
+CONFIG_INTERPRETER = LaunchConfig(
+    form=FORM_KV_M, block_n=16, num_warps=4, num_stages=1, programs_per_sm=1, min_chunk=16,
+    overhead=8,
+)  # fmt: skip
+
+
+@triton.jit
+def _e4m3_to_f16(raw, ASM_CVT: tl.constexpr):
+    if ASM_CVT:
+        # Non-pure: Triton must not sink the convert past the shared-memory round trip, or
+        # every consumer would convert again.
+        return tl.inline_asm_elementwise(
+            asm="{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; "
+            "cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
+            constraints="=r,=r,r",
+            args=[raw],
+            dtype=tl.float16,
+            is_pure=False,
+            pack=4,
+        )
+    return raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+
+
+@triton.jit
+def _power_of_two_scale(amax):
+    """2^k with amax * 2^k in [2^14, 2^15); k in [-126, 100] keeps it and 1/it normal fp32."""
+    exp_amax = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    shift = tl.where(amax > 0.0, tl.minimum(tl.maximum(14 - exp_amax, -126), 100), 0)
+    return ((shift + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _load_q(q_nope_ptr, q_pe_ptr, req, heads, head_ok, s_qn_b, s_qn_h, s_qp_b, s_qp_h, qk_scale,
+            D_PE: tl.constexpr):  # fmt: skip
+    """One request's q for a head group as fp16 [H, D] blocks, and each head's score scale."""
+    cols = tl.arange(0, D_BLK)[None, :]
+    qn = q_nope_ptr + req * s_qn_b + heads[:, None] * s_qn_h + cols
+    mask = head_ok[:, None]
+    q0 = tl.load(qn, mask=mask, other=0.0).to(tl.float32)
+    q1 = tl.load(qn + D_BLK, mask=mask, other=0.0).to(tl.float32)
+    q2 = tl.load(qn + 2 * D_BLK, mask=mask, other=0.0).to(tl.float32)
+    q3 = tl.load(qn + 3 * D_BLK, mask=mask, other=0.0).to(tl.float32)
+    pe = q_pe_ptr + req * s_qp_b + heads[:, None] * s_qp_h + tl.arange(0, D_PE)[None, :]
+    qr = tl.load(pe, mask=mask, other=0.0).to(tl.float32)
+    amax = tl.maximum(tl.max(tl.abs(q0), 1), tl.max(tl.abs(q1), 1))
+    amax = tl.maximum(amax, tl.maximum(tl.max(tl.abs(q2), 1), tl.max(tl.abs(q3), 1)))
+    scale = _power_of_two_scale(tl.maximum(amax, tl.max(tl.abs(qr), 1)))
+    s = scale[:, None]
+    q0 = (q0 * s).to(tl.float16)
+    q1 = (q1 * s).to(tl.float16)
+    q2 = (q2 * s).to(tl.float16)
+    q3 = (q3 * s).to(tl.float16)
+    qr = (qr * s).to(tl.float16)
+    return q0, q1, q2, q3, qr, qk_scale / scale
+
+
+@triton.jit
+def _load_tile(kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, BLOCK_N: tl.constexpr,
+               D_PE: tl.constexpr, ASM_CVT: tl.constexpr):  # fmt: skip
+    """BLOCK_N rows [off, hi) of the request's slot list as fp16 blocks, and which are live."""
+    pos = off + tl.arange(0, BLOCK_N)
+    live = pos < hi
+    slot = tl.load(kv_indices_ptr + pos, mask=live, other=0)
+    # Never read outside the pool, whatever the index buffer holds.
+    live = live & (slot >= 0) & (slot < n_pool_rows)
+    row = kv_ptr + slot.to(tl.int64)[:, None] * stride_kv
+    cols = tl.arange(0, D_BLK)[None, :]
+    mask = live[:, None]
+    k0 = _e4m3_to_f16(tl.load(row + cols, mask=mask, other=0), ASM_CVT)
+    k1 = _e4m3_to_f16(tl.load(row + D_BLK + cols, mask=mask, other=0), ASM_CVT)
+    k2 = _e4m3_to_f16(tl.load(row + 2 * D_BLK + cols, mask=mask, other=0), ASM_CVT)
+    k3 = _e4m3_to_f16(tl.load(row + 3 * D_BLK + cols, mask=mask, other=0), ASM_CVT)
+    pe = row + 4 * D_BLK + tl.arange(0, D_PE)[None, :]
+    kr = _e4m3_to_f16(tl.load(pe, mask=mask, other=0), ASM_CVT)
+    return k0, k1, k2, k3, kr, live
+
+
+@triton.jit
+def _tile_heads_m(kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, m_i, l_i,
+                  a0, a1, a2, a3, q0, q1, q2, q3, qr, row_scale, BLOCK_N: tl.constexpr,
+                  D_PE: tl.constexpr, ASM_CVT: tl.constexpr):  # fmt: skip
+    """Online-softmax update, heads in M: S = q K^T [H, N], O [H, 512] += P V."""
+    k0, k1, k2, k3, kr, live = _load_tile(
+        kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, BLOCK_N, D_PE, ASM_CVT
+    )
+    s = tl.dot(q0, tl.trans(k0))
+    s = tl.dot(q1, tl.trans(k1), s)
+    s = tl.dot(q2, tl.trans(k2), s)
+    s = tl.dot(q3, tl.trans(k3), s)
+    s = tl.dot(qr, tl.trans(kr), s)
+    s = tl.where(live[None, :], s * row_scale[:, None], float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # m_new is -inf only while every score so far is masked: keep exp2 finite.
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    # P is scaled by 2^15 into fp16's normal range (exact), so small weights keep 11 bits.
+    p16 = (p * P_SCALE).to(tl.float16)
+    a0 = tl.dot(p16, k0, a0 * alpha[:, None])
+    a1 = tl.dot(p16, k1, a1 * alpha[:, None])
+    a2 = tl.dot(p16, k2, a2 * alpha[:, None])
+    a3 = tl.dot(p16, k3, a3 * alpha[:, None])
+    return m_new, l_i, a0, a1, a2, a3
+
+
+@triton.jit
+def _tile_kv_m(kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, m_i, l_i,
+               a0, a1, a2, a3, q0, q1, q2, q3, qr, row_scale, BLOCK_N: tl.constexpr,
+               D_PE: tl.constexpr, ASM_CVT: tl.constexpr):  # fmt: skip
+    """Online-softmax update, KV rows in M: S^T = K q^T [N, H], O^T [512, H] += V^T P^T.
+
+    q0..qr arrive transposed ([D, H]); a0..a3 are [128, H].
+    """
+    k0, k1, k2, k3, kr, live = _load_tile(
+        kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, BLOCK_N, D_PE, ASM_CVT
+    )
+    s = tl.dot(k0, q0)
+    s = tl.dot(k1, q1, s)
+    s = tl.dot(k2, q2, s)
+    s = tl.dot(k3, q3, s)
+    s = tl.dot(kr, qr, s)
+    s = tl.where(live[:, None], s * row_scale[None, :], float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 0))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[None, :])
+    l_i = l_i * alpha + tl.sum(p, 0)
+    p16 = (p * P_SCALE).to(tl.float16)
+    a0 = tl.dot(tl.trans(k0), p16, a0 * alpha[None, :])
+    a1 = tl.dot(tl.trans(k1), p16, a1 * alpha[None, :])
+    a2 = tl.dot(tl.trans(k2), p16, a2 * alpha[None, :])
+    a3 = tl.dot(tl.trans(k3), p16, a3 * alpha[None, :])
+    return m_new, l_i, a0, a1, a2, a3
+
+
+@triton.jit
+def _tile_mixed(kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, m_i, l_i,
+                a0, a1, a2, a3, q0, q1, q2, q3, qr, row_scale, BLOCK_N: tl.constexpr,
+                D_PE: tl.constexpr, ASM_CVT: tl.constexpr):  # fmt: skip
+    """KV rows in M for QK (S^T = K q^T), heads in M for PV (O [H, 512] += P V)."""
+    k0, k1, k2, k3, kr, live = _load_tile(
+        kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, BLOCK_N, D_PE, ASM_CVT
+    )
+    s = tl.dot(k0, q0)
+    s = tl.dot(k1, q1, s)
+    s = tl.dot(k2, q2, s)
+    s = tl.dot(k3, q3, s)
+    s = tl.dot(kr, qr, s)
+    s = tl.where(live[:, None], s * row_scale[None, :], float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 0))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[None, :])
+    l_i = l_i * alpha + tl.sum(p, 0)
+    pt = tl.trans((p * P_SCALE).to(tl.float16))
+    a0 = tl.dot(pt, k0, a0 * alpha[:, None])
+    a1 = tl.dot(pt, k1, a1 * alpha[:, None])
+    a2 = tl.dot(pt, k2, a2 * alpha[:, None])
+    a3 = tl.dot(pt, k3, a3 * alpha[:, None])
+    return m_new, l_i, a0, a1, a2, a3
+
+
+@triton.jit
+def _store_rows(dest, a0, a1, a2, a3, inv_l, head_ok, FORM: tl.constexpr):
+    """Each head's 512 outputs (a0..a3 / l) to its row pointer in `dest`."""
+    d = tl.arange(0, D_BLK)
+    if FORM != 1:
+        ptr = dest[:, None] + d[None, :]
+        mask = head_ok[:, None]
+        inv = inv_l[:, None]
+    else:
+        ptr = dest[None, :] + d[:, None]
+        mask = head_ok[None, :]
+        inv = inv_l[None, :]
+    ty = dest.dtype.element_ty
+    tl.store(ptr, (a0 * inv).to(ty), mask=mask)
+    tl.store(ptr + D_BLK, (a1 * inv).to(ty), mask=mask)
+    tl.store(ptr + 2 * D_BLK, (a2 * inv).to(ty), mask=mask)
+    tl.store(ptr + 3 * D_BLK, (a3 * inv).to(ty), mask=mask)
+
+
+@triton.jit
+def _segment(q_nope_ptr, q_pe_ptr, kv_ptr, kv_indices_ptr, out_ptr, part_out_ptr, part_lse_ptr,
+             req, kv_lo, kv_hi, whole, slot, heads, head_ok, h_total, qk_scale, n_pool_rows,
+             s_qn_b, s_qn_h, s_qp_b, s_qp_h, stride_kv, s_o_b, s_o_h, HP: tl.constexpr,
+             BLOCK_N: tl.constexpr, D_PE: tl.constexpr, FORM: tl.constexpr,
+             ASM_CVT: tl.constexpr, ON_CPU: tl.constexpr):  # fmt: skip
+    """Attend one request over slot positions [kv_lo, kv_hi); write its output or a partial."""
+    q0, q1, q2, q3, qr, row_scale = _load_q(
+        q_nope_ptr, q_pe_ptr, req, heads, head_ok, s_qn_b, s_qn_h, s_qp_b, s_qp_h, qk_scale, D_PE
+    )
+    m_i = tl.full([HP], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([HP], dtype=tl.float32)
+    if FORM != 0:
+        q0 = tl.trans(q0)
+        q1 = tl.trans(q1)
+        q2 = tl.trans(q2)
+        q3 = tl.trans(q3)
+        qr = tl.trans(qr)
+    if FORM != 1:
+        a0 = tl.zeros([HP, D_BLK], dtype=tl.float32)
+        a1 = tl.zeros([HP, D_BLK], dtype=tl.float32)
+        a2 = tl.zeros([HP, D_BLK], dtype=tl.float32)
+        a3 = tl.zeros([HP, D_BLK], dtype=tl.float32)
+    else:
+        a0 = tl.zeros([D_BLK, HP], dtype=tl.float32)
+        a1 = tl.zeros([D_BLK, HP], dtype=tl.float32)
+        a2 = tl.zeros([D_BLK, HP], dtype=tl.float32)
+        a3 = tl.zeros([D_BLK, HP], dtype=tl.float32)
+    if ON_CPU:
+        # The interpreter cannot take a device-loaded bound in range() (Triton 3.6 with
+        # numpy >= 2.3); a `while` runs the same iterations over the same tile body.
+        off = kv_lo
+        while off < kv_hi:
+            if FORM == 0:
+                m_i, l_i, a0, a1, a2, a3 = _tile_heads_m(
+                    kv_ptr, kv_indices_ptr, off, kv_hi, n_pool_rows, stride_kv, m_i, l_i,
+                    a0, a1, a2, a3, q0, q1, q2, q3, qr, row_scale, BLOCK_N, D_PE, ASM_CVT,
+                )  # fmt: skip
+            elif FORM == 1:
+                m_i, l_i, a0, a1, a2, a3 = _tile_kv_m(
+                    kv_ptr, kv_indices_ptr, off, kv_hi, n_pool_rows, stride_kv, m_i, l_i,
+                    a0, a1, a2, a3, q0, q1, q2, q3, qr, row_scale, BLOCK_N, D_PE, ASM_CVT,
+                )  # fmt: skip
+            else:
+                m_i, l_i, a0, a1, a2, a3 = _tile_mixed(
+                    kv_ptr, kv_indices_ptr, off, kv_hi, n_pool_rows, stride_kv, m_i, l_i,
+                    a0, a1, a2, a3, q0, q1, q2, q3, qr, row_scale, BLOCK_N, D_PE, ASM_CVT,
+                )  # fmt: skip
+            off += BLOCK_N
+    else:
+        # A `for` with a device-computed bound: Triton software-pipelines it (the next tiles'
+        # index and row loads go to shared memory asynchronously while this tile computes),
+        # which a `while` does not get. Still one launch for any length.
+        for off in range(kv_lo, kv_hi, BLOCK_N):
+            if FORM == 0:
+                m_i, l_i, a0, a1, a2, a3 = _tile_heads_m(
+                    kv_ptr, kv_indices_ptr, off, kv_hi, n_pool_rows, stride_kv, m_i, l_i,
+                    a0, a1, a2, a3, q0, q1, q2, q3, qr, row_scale, BLOCK_N, D_PE, ASM_CVT,
+                )  # fmt: skip
+            elif FORM == 1:
+                m_i, l_i, a0, a1, a2, a3 = _tile_kv_m(
+                    kv_ptr, kv_indices_ptr, off, kv_hi, n_pool_rows, stride_kv, m_i, l_i,
+                    a0, a1, a2, a3, q0, q1, q2, q3, qr, row_scale, BLOCK_N, D_PE, ASM_CVT,
+                )  # fmt: skip
+            else:
+                m_i, l_i, a0, a1, a2, a3 = _tile_mixed(
+                    kv_ptr, kv_indices_ptr, off, kv_hi, n_pool_rows, stride_kv, m_i, l_i,
+                    a0, a1, a2, a3, q0, q1, q2, q3, qr, row_scale, BLOCK_N, D_PE, ASM_CVT,
+                )  # fmt: skip
+
+    # Every segment holds at least one row, so l_i >= 1 unless a NaN reached it: dividing
+    # without a guard keeps that NaN (a guard like `l_i > 0` would turn it into zeros).
+    inv_l = 1.0 / (l_i * P_SCALE)
+    if whole:
+        dest = out_ptr + (req * s_o_b + heads * s_o_h).to(tl.int64)
+        _store_rows(dest, a0, a1, a2, a3, inv_l, head_ok, FORM)
+    else:
+        part_row = slot * h_total + heads
+        _store_rows(part_out_ptr + part_row.to(tl.int64) * LATENT, a0, a1, a2, a3, inv_l,
+                    head_ok, FORM)  # fmt: skip
+        tl.store(part_lse_ptr + part_row, m_i + tl.log2(l_i), mask=head_ok)
+
+
+@triton.jit
+def _chunk_of(kv_indptr_ptr, batch, num_programs, min_chunk, overhead):
+    """Cost units per program: the step's total cost (tokens + overhead per request) / grid."""
+    total = tl.load(kv_indptr_ptr + batch) + batch * overhead
+    return tl.maximum(tl.cdiv(total, num_programs), min_chunk), total
+
+
+# Lengths and counts are not specialised on (batch 1 or a multiple of 16 would each compile
+# another kernel); strides are, so that 16-byte row loads stay provably aligned.
+@triton.jit(do_not_specialize=["batch", "num_heads", "n_pool_rows", "min_chunk", "overhead"])
+def _mla_decode_fp8_stage1(
+    q_nope_ptr,
+    q_pe_ptr,
+    kv_ptr,  # uint8 view of the FP8 e4m3 pool, rows of 512 + D_PE bytes
+    kv_indptr_ptr,
+    kv_indices_ptr,
+    out_ptr,  # bf16 [B, H, 512]: requests a program covers whole
+    part_out_ptr,  # fp32 [2 * programs, h_total, 512]: requests cut by a chunk border
+    part_lse_ptr,  # fp32 [2 * programs, h_total] (log2 domain)
+    qk_scale,  # sm_scale * log2(e)
+    batch,
+    num_heads,
+    n_pool_rows,
+    min_chunk,
+    overhead,
+    stride_qn_b,
+    stride_qn_h,
+    stride_qp_b,
+    stride_qp_h,
+    stride_kv,
+    stride_o_b,
+    stride_o_h,
+    HP: tl.constexpr,  # heads per program (the padded MMA dimension they occupy)
+    BLOCK_N: tl.constexpr,
+    D_PE: tl.constexpr,
+    FORM: tl.constexpr,
+    ASM_CVT: tl.constexpr,  # convert with inline PTX (GPU) instead of tl casts (interpreter)
+    ON_CPU: tl.constexpr,  # running under TRITON_INTERPRET=1
+):
+    prog = tl.program_id(0)
+    group = tl.program_id(1)
+    num_programs = tl.num_programs(0)
+    h_total = tl.num_programs(1) * HP
+    heads = group * HP + tl.arange(0, HP)
+    head_ok = heads < num_heads
+    chunk, total = _chunk_of(kv_indptr_ptr, batch, num_programs, min_chunk, overhead)
+    c0 = prog * chunk
+    c1 = tl.minimum(c0 + chunk, total)
+    if c0 < total:
+        # The request whose cost range holds c0: the last b with indptr[b] + b * overhead <= c0.
+        lo = 0
+        hi = batch
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if tl.load(kv_indptr_ptr + mid) + mid * overhead <= c0:
+                lo = mid
+            else:
+                hi = mid
+        req = lo
+        kv_start = tl.load(kv_indptr_ptr + req)
+        while (req < batch) & (kv_start + req * overhead < c1):
+            kv_end = tl.load(kv_indptr_ptr + req + 1)
+            kv_len = kv_end - kv_start
+            first = kv_start + req * overhead + overhead  # cost position of its first token
+            t_lo = tl.minimum(tl.maximum(c0 - first, 0), kv_len)
+            t_hi = tl.minimum(tl.maximum(c1 - first, 0), kv_len)
+            if t_lo < t_hi:
+                # Slot 2p: the segment starts at this chunk's start (the request began in an
+                # earlier chunk); 2p + 1: it is cut at this chunk's end only.
+                slot = 2 * prog + tl.where(first <= c0, 0, 1)
+                _segment(
+                    q_nope_ptr, q_pe_ptr, kv_ptr, kv_indices_ptr, out_ptr, part_out_ptr,
+                    part_lse_ptr, req, kv_start + t_lo, kv_start + t_hi,
+                    (t_lo == 0) & (t_hi == kv_len), slot, heads, head_ok, h_total, qk_scale,
+                    n_pool_rows, stride_qn_b, stride_qn_h, stride_qp_b, stride_qp_h, stride_kv,
+                    stride_o_b, stride_o_h, HP, BLOCK_N, D_PE, FORM, ASM_CVT, ON_CPU,
+                )  # fmt: skip
+            req += 1
+            kv_start = kv_end
+
+
+@triton.jit(do_not_specialize=["batch", "num_programs", "min_chunk", "overhead", "h_total"])
+def _mla_decode_fp8_merge(
+    part_out_ptr,
+    part_lse_ptr,
+    kv_indptr_ptr,
+    out_ptr,
+    batch,
+    num_programs,
+    min_chunk,
+    overhead,
+    h_total,
+    stride_o_b,
+    stride_o_h,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    req = tl.program_id(0)
+    head = tl.program_id(1)
+    d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
+    out = out_ptr + req * stride_o_b + head * stride_o_h + d
+    kv_start = tl.load(kv_indptr_ptr + req)
+    kv_len = tl.load(kv_indptr_ptr + req + 1) - kv_start
+    if kv_len == 0:
+        tl.store(out, tl.zeros([BLOCK_D], dtype=out_ptr.dtype.element_ty))  # defined as zeros
+    else:
+        # The same geometry as stage 1: the programs whose chunks hold this request's tokens.
+        chunk, total = _chunk_of(kv_indptr_ptr, batch, num_programs, min_chunk, overhead)
+        first = kv_start + req * overhead + overhead
+        p_lo = first // chunk
+        n_parts = (first + kv_len - 1) // chunk - p_lo + 1
+        if n_parts > 1:  # one part: stage 1 wrote the output itself
+            offs = tl.arange(0, BLOCK_S)
+            # Part k sits in slot 2 * (p_lo + k), except the first when it starts mid-chunk.
+            odd = tl.where(first > p_lo * chunk, 1, 0)
+            # NaN-propagating maximum: a NaN partial must not be dropped here.
+            m = tl.full([BLOCK_S], float("-inf"), dtype=tl.float32)
+            k0 = 0
+            while k0 < n_parts:
+                k = k0 + offs
+                slot = 2 * (p_lo + k) + tl.where(k == 0, odd, 0)
+                lse = tl.load(part_lse_ptr + slot * h_total + head, mask=k < n_parts,
+                              other=float("-inf"))  # fmt: skip
+                m = tl.maximum(m, lse, propagate_nan=tl.PropagateNan.ALL)
+                k0 += BLOCK_S
+            m_max = tl.max(m, 0)
+            acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+            w_sum = tl.zeros([BLOCK_S], dtype=tl.float32)
+            k0 = 0
+            while k0 < n_parts:
+                k = k0 + offs
+                used = k < n_parts
+                slot = 2 * (p_lo + k) + tl.where(k == 0, odd, 0)
+                row = slot * h_total + head
+                lse = tl.load(part_lse_ptr + row, mask=used, other=float("-inf"))
+                w = tl.where(used, tl.exp2(lse - m_max), 0.0)
+                part = tl.load(
+                    part_out_ptr + row.to(tl.int64)[:, None] * LATENT + d[None, :],
+                    mask=used[:, None],
+                    other=0.0,
+                )
+                acc += tl.sum(part * w[:, None], 0)
+                w_sum += w
+                k0 += BLOCK_S
+            # The largest part has weight 1, so the sum is >= 1 unless a NaN reached it.
+            tl.store(out, (acc / tl.sum(w_sum, 0)).to(out_ptr.dtype.element_ty))
+
+
+_DEVICE_INFO: dict[int, tuple[int, int]] = {}
+
+
+def _device_info(device: torch.device) -> tuple[int, int]:
+    """(SM count, shared memory a program may use) of a CUDA device, cached."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _DEVICE_INFO:
+        props = triton.runtime.driver.active.utils.get_device_properties(index)
+        _DEVICE_INFO[index] = (props["multiprocessor_count"], props["max_shared_mem"])
+    return _DEVICE_INFO[index]
+
+
+def launch_config(batch: int, device: torch.device) -> LaunchConfig:
+    """The configuration for a batch size on a device (a host-side choice: graph-stable)."""
+    if device.type != "cuda":
+        return CONFIG_INTERPRETER
+    return CONFIG_GPU
+
+
+def num_programs_for(device: torch.device, config: LaunchConfig) -> int:
+    """Stage-1 grid size: fixed per device and configuration, whatever the batch."""
+    sms = _device_info(device)[0] if device.type == "cuda" else INTERPRETER_SMS
+    return sms * config.programs_per_sm
+
+
+class _Workspaces:
+    """Partial-result buffers: one per (device, programs, head rows), kept for the process.
+
+    A CUDA graph captured with a buffer keeps its address; replacing the buffer by a larger
+    one would leave the graph writing into freed memory. The size does not depend on the
+    batch, so a process needs one buffer per device and head layout: nothing is ever freed.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def get(self, device: torch.device, programs: int, h_total: int):
+        key = (device.type, device.index, programs, h_total)
+        found = self._buffers.get(key)
+        if found is not None:
+            return found
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # Memory taken during capture belongs to the graph's private pool; the first
+            # decode of a process runs eagerly, so reaching this is a bug, not a cold start.
+            raise RuntimeError(
+                "glmserve native fp8 decode: workspace first requested inside CUDA-graph capture"
+            )
+        rows = 2 * programs * h_total
+        found = (
+            torch.empty((rows, D_LATENT), dtype=torch.float32, device=device),
+            torch.empty((rows,), dtype=torch.float32, device=device),
+        )
+        self._buffers[key] = found
+        return found
+
+
+WORKSPACES = _Workspaces()
+
+
+def mla_decode_fp8(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv_pool: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    sm_scale: float,
+    out: torch.Tensor,
+    *,
+    config: Optional[LaunchConfig] = None,
+    num_programs: Optional[int] = None,
+) -> torch.Tensor:
+    """MLA decode attention over an FP8 e4m3 KV pool, one query token per request.
+
+    ``q_nope`` [B, H, 512] and ``q_pe`` [B, H, 64] bf16; ``kv_pool`` [slots, 1, 576] (or
+    [slots, 576]) float8_e4m3fn whose first 512 columns are the latent (also V) and last 64
+    the rope part; request ``b`` attends to slots ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``
+    (int32); ``out`` [B, H, 512] bf16 receives the result and is returned. An empty request
+    gets zeros. No host sync and, after the first call on a device, no allocation.
+    """
+    if kv_pool.dtype != torch.float8_e4m3fn:
+        raise TypeError(f"kv_pool must be float8_e4m3fn, got {kv_pool.dtype}")
+    for name, t in (("q_nope", q_nope), ("q_pe", q_pe), ("out", out)):
+        if t.dtype != torch.bfloat16:
+            raise TypeError(f"{name} must be bfloat16, got {t.dtype}")
+        if t.dim() != 3 or t.stride(-1) != 1:
+            raise ValueError(f"{name} must be [B, H, D] with contiguous D")
+    batch, heads, d_lat = q_nope.shape
+    d_pe = q_pe.shape[-1]
+    if d_lat != D_LATENT or d_pe != D_ROPE:
+        raise ValueError(f"expects {D_LATENT}+{D_ROPE} dims, got {d_lat}+{d_pe}")
+    if tuple(q_pe.shape[:2]) != (batch, heads) or tuple(out.shape) != (batch, heads, d_lat):
+        raise ValueError("q_nope, q_pe and out disagree on [B, H]")
+    n_rows = kv_pool.shape[0]
+    if kv_pool.shape[1:] not in ((D_LATENT + D_ROPE,), (1, D_LATENT + D_ROPE)) or (
+        kv_pool.stride(-1) != 1
+    ):
+        raise ValueError(f"kv_pool rows must be {D_LATENT + D_ROPE} contiguous bytes")
+    if kv_indptr.dtype != torch.int32 or kv_indices.dtype != torch.int32:
+        raise TypeError("kv_indptr and kv_indices must be int32")
+    if kv_indptr.numel() < batch + 1:
+        raise ValueError(f"kv_indptr has {kv_indptr.numel()} entries, needs {batch + 1}")
+    if batch == 0 or heads == 0:
+        return out
+
+    device = q_nope.device
+    on_gpu = device.type == "cuda"
+    cfg = config or launch_config(batch, device)
+    hp = cfg.heads_per_group(heads)
+    groups = triton.cdiv(heads, hp)
+    programs = num_programs or num_programs_for(device, cfg)
+    part_out, part_lse = WORKSPACES.get(device, programs, groups * hp)
+    pool = kv_pool.view(torch.uint8)
+    _mla_decode_fp8_stage1[(programs, groups)](
+        q_nope,
+        q_pe,
+        pool,
+        kv_indptr,
+        kv_indices,
+        out,
+        part_out,
+        part_lse,
+        sm_scale * LOG2E,
+        batch,
+        heads,
+        n_rows,
+        cfg.min_chunk,
+        cfg.overhead,
+        q_nope.stride(0),
+        q_nope.stride(1),
+        q_pe.stride(0),
+        q_pe.stride(1),
+        pool.stride(0),
+        out.stride(0),
+        out.stride(1),
+        HP=hp,
+        BLOCK_N=cfg.block_n,
+        D_PE=D_ROPE,
+        FORM=cfg.form,
+        ASM_CVT=on_gpu,
+        ON_CPU=not on_gpu,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    _mla_decode_fp8_merge[(batch, heads, D_LATENT // MERGE_BLOCK_D)](
+        part_out,
+        part_lse,
+        kv_indptr,
+        out,
+        batch,
+        programs,
+        cfg.min_chunk,
+        cfg.overhead,
+        groups * hp,
+        out.stride(0),
+        out.stride(1),
+        BLOCK_S=MERGE_BLOCK_S,
+        BLOCK_D=MERGE_BLOCK_D,
+    )
+    return out
+
+
+def decode_mode() -> str:
+    """GLMSERVE_FP8_ATTENTION: 'native' (default) or 'gather'; anything else is refused."""
+    raw = os.environ.get(ENV_MODE, DEFAULT_MODE).strip().lower()
+    if raw not in MODES:
+        raise ValueError(f"{ENV_MODE} must be one of {', '.join(MODES)}, got {raw!r}")
+    return raw
+
+
+def unsupported_reason(model_runner: Any) -> Optional[str]:
+    """Why this model/GPU cannot take the native decode path (None: it can)."""
+    dtype = getattr(model_runner, "kv_cache_dtype", None)
+    if dtype != torch.float8_e4m3fn:
+        return f"KV cache dtype {dtype} (native decode reads float8_e4m3fn only)"
+    cfg = model_runner.model_config
+    dims = (getattr(cfg, "kv_lora_rank", None), getattr(cfg, "qk_rope_head_dim", None))
+    if dims != (D_LATENT, D_ROPE):
+        return f"MLA dims {dims[0]}+{dims[1]} (native decode is built for {D_LATENT}+{D_ROPE})"
+    device = torch.device(model_runner.device)
+    if device.type != "cuda":
+        return f"device {device}"
+    if torch.cuda.get_device_capability(device) < (8, 9):
+        return "compute capability below 8.9 (no hardware e4m3 convert)"
+    return None
+
+
+_ANNOUNCED: set[str] = set()
+
+
+def _announce(line: str) -> None:
+    # One line per process (the target and a draft model each build a backend).
+    if line not in _ANNOUNCED:
+        _ANNOUNCED.add(line)
+        logger.info(line)
+
+
+class Fp8NativeDecode:
+    """Per-backend state: the kv_indptr and sm_scale each decode wrapper was last planned with.
+
+    A wrapper planned for a speculative (EAGLE) batch is recorded as None and keeps the
+    gather-then-cast path, as does everything but plain decode.
+    """
+
+    def __init__(self) -> None:
+        self._plans: weakref.WeakKeyDictionary[Any, Optional[tuple[torch.Tensor, float]]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    @classmethod
+    def create(cls, model_runner: Any, patch_on: bool) -> Optional[Fp8NativeDecode]:
+        """The native decode state, or None (with one logged line saying why) for gather."""
+        if not patch_on or getattr(model_runner, "kv_cache_dtype", None) not in (
+            torch.float8_e4m3fn,
+            torch.float8_e5m2,
+        ):
+            return None  # upstream cast or a 16-bit pool: nothing FP8 to decide
+        mode = decode_mode()
+        reason = f"{ENV_MODE}=gather" if mode == "gather" else unsupported_reason(model_runner)
+        if reason:
+            _announce(f"glmserve FP8 KV decode: gather-then-cast + FlashInfer ({reason})")
+            return None
+        _announce(
+            "glmserve FP8 KV decode: native FP8 kernel (fp8_mla_decode.py); "
+            "prefill/extend: gather-then-cast + FlashInfer"
+        )
+        return cls()
+
+    def note_plan(
+        self, wrapper: Any, kv_indptr: Optional[torch.Tensor], sm_scale: float
+    ) -> None:
+        """Record what `wrapper` was planned with (kv_indptr None: not a plain decode batch)."""
+        self._plans[wrapper] = None if kv_indptr is None else (kv_indptr, sm_scale)
+
+    def planned(self, wrapper: Any) -> Optional[tuple[torch.Tensor, float]]:
+        """(kv_indptr, sm_scale) if `wrapper` was last planned for a plain decode batch."""
+        return self._plans.get(wrapper)

@@ -1,0 +1,161 @@
+"""Each component's own validator, run on the inputs compose.yaml builds for it.
+
+The doctor does not know what a good EMULATOR_TPOT_MS is: it interpolates the emulator
+service's command line from the value, as compose would, and asks the emulator's own parser.
+Each variable is tried alone (the others at compose.yaml's defaults), so that each bad value
+gets its own line naming it; then all together, for rules that span several values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from glmserve.doctor import compose
+from glmserve.doctor.envfile import shown
+
+# What the component says about its input, or None when it takes it.
+Validator = Callable[[Any], "str | None"]
+
+
+@dataclass(frozen=True)
+class Component:
+    service: str
+    inputs: Callable[[dict[str, Any]], Any]  # the service's config -> the part to interpolate
+    validate: Validator
+
+
+def _argv_after(module: str) -> Callable[[dict[str, Any]], list[str]]:
+    def pick(service: dict[str, Any]) -> list[str]:
+        command = list(service.get("command") or [])
+        return command[command.index(module) + 1 :] if module in command else []
+
+    return pick
+
+
+def _argparse_message(call: Callable[[], Any]) -> str | None:
+    """Run a CLI's own parsing; its one-line refusal (argparse prints it and exits 2)."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            call()
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            return err.getvalue().strip() or f"exit status {exc.code}"
+    return None
+
+
+def emulator(argv: Sequence[str]) -> str | None:
+    from glmserve.emulator.config import parse_config
+
+    return _argparse_message(lambda: parse_config(list(argv)))
+
+
+def exporter(argv: Sequence[str]) -> str | None:
+    from glmserve.exporter.cli import PROG, load_config
+    from glmserve.exporter.config import ConfigError
+
+    try:
+        return _argparse_message(lambda: load_config(list(argv), {}))
+    except ConfigError as exc:
+        return f"{PROG}: error: {exc}"
+
+
+def launcher(environ: Mapping[str, Any]) -> str | None:
+    """The launcher's own input checks (profile, TP, nodes, port, extra args, switches), as it
+    runs them before it looks at the GPUs or SGLang."""
+    from glmserve.launch import checks
+    from glmserve.launch.cli import PROG, _parser, resolve_inputs
+    from glmserve.launch.errors import LaunchError
+    from glmserve.launch.profiles import find_profiles_dir, load_profile
+
+    env = {k: "" if v is None else str(v) for k, v in environ.items()}
+    try:
+        profile = load_profile(_profiles_dir(find_profiles_dir), env.get("GLMSERVE_PROFILE", ""))
+        # Compose gives the launcher no options, only this environment: its parser's defaults.
+        resolve_inputs(_parser().parse_args([]), [], profile, env)
+        checks.fp8_gather_state(env)
+        checks.fp8_attention_mode(env)
+    except LaunchError as exc:
+        return f"{PROG}: error: {exc}"
+    return None
+
+
+def _profiles_dir(find: Callable[[Mapping[str, str], str | None], Path]) -> Path:
+    """Where this process finds the profiles (the server image's own are the same files)."""
+    from glmserve.launch.profiles import PROFILES_DIR_ENV
+
+    return find({k: v for k, v in os.environ.items() if k == PROFILES_DIR_ENV}, None)
+
+
+def model_dir(path: str, profile_name: str) -> str | None:
+    """What the launcher would say about MODEL_DIR once mounted at /model."""
+    from glmserve.launch import checks
+    from glmserve.launch.cli import PROG
+    from glmserve.launch.errors import LaunchError
+    from glmserve.launch.profiles import find_profiles_dir, load_profile
+
+    try:
+        profile = load_profile(_profiles_dir(find_profiles_dir), profile_name)
+        checks.check_model(profile, Path(path))
+    except LaunchError as exc:
+        return f"{PROG}: error: {exc}"
+    return None
+
+
+def fleet(environ: Mapping[str, str]) -> str | None:
+    from glmserve.fleet.router import FleetError
+    from glmserve.fleet.spec import from_env
+
+    try:
+        from_env(environ)
+    except FleetError as exc:
+        return f"glmserve.fleet: error: {exc}"
+    return None
+
+
+COMPONENTS = [
+    Component("emulator", _argv_after("glmserve.emulator"), emulator),
+    Component("exporter", _argv_after("glmserve.exporter"), exporter),
+    Component("sglang", lambda svc: dict(svc.get("environment") or {}), launcher),
+]
+# The fleet reads its variables itself (python -m glmserve.fleet compose), not through compose.
+FLEET_PREFIXES = ("FLEET_", "ROUTER_")
+FLEET_IN_USE = ("FLEET_LOCAL_REPLICAS", "FLEET_REMOTE_WORKERS", "FLEET_EMULATED")
+
+
+def value_problems(
+    services: Mapping[str, dict[str, Any]],
+    values: Mapping[str, str],
+    where: Mapping[str, str],
+) -> list[str]:
+    """One line per bad value (`where` says which file line or the environment set it)."""
+    problems: list[str] = []
+    for component in COMPONENTS:
+        if component.service not in services:
+            continue
+        node = component.inputs(services[component.service])
+        baseline = component.validate(compose.interpolate(node, {}))
+        if baseline:
+            problems.append(f"compose.yaml's {component.service} at its defaults: {baseline}")
+            continue
+        alone = []
+        for name in sorted(compose.names_in(node) & set(values)):
+            said = component.validate(compose.interpolate(node, {name: values[name]}))
+            if said:
+                alone.append(f"{shown(name, values[name])} ({where[name]}): {said}")
+        together = component.validate(compose.interpolate(node, values))
+        if together and not alone:
+            alone.append(f"{component.service}: {together}")
+        problems += alone
+    fleet_values = {k: v for k, v in values.items() if k.startswith(FLEET_PREFIXES)}
+    if any(values.get(name, "").strip() for name in FLEET_IN_USE):
+        said = fleet({**fleet_values, "GLMSERVE_PROFILE": values.get("GLMSERVE_PROFILE", "")})
+        if said:
+            problems.append(said)
+    return problems
