@@ -244,7 +244,7 @@ def test_in_compose_checks_values_and_names_without_the_host(capsys, tmp_path):
         "glmserve.doctor: .env:1: EMULATOR_TPOT_MSS is not a known name (did you mean "
         "EMULATOR_TPOT_MS?); .env.example lists them all",
         "glmserve.doctor: EMULATOR_TPOT_MS='-1' (environment): python -m glmserve.emulator: "
-        "error: --tpot-ms must be > 0 (see --help)",
+        "error: --tpot-ms must be > 0 and finite (see --help)",
     ]
 
 

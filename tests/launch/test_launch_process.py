@@ -98,8 +98,10 @@ def test_dry_run_on_a_patched_tree_keeps_a_json_arg_intact(patched, tmp_path):
         (["--tp-s", "64"], "--tp-s", "--tp-size"),
         (["--model-pa", "/etc"], "--model-pa", "--model-path"),
         (["--hos=0.0.0.0"], "--hos", "--host"),
-        # Ambiguous (--dist-init-addr, --dist-timeout): SGLang would refuse it too.
-        (["--dist", "10.0.0.1:5000"], "--dist", None),
+        (["--dist", "10.0.0.1:5000"], "--dist", "--dist-init-addr"),
+        # Not the launcher's, but ambiguous (--disable-cuda-graph, --disable-cuda-graph-padding):
+        # refused with argparse's words, as SGLang would refuse it.
+        (["--disable-cuda"], "--disable-cuda", None),
     ],
 )
 def test_an_abbreviated_extra_arg_cannot_override_a_launcher_owned_flag(

@@ -205,6 +205,9 @@ def resolve_inputs(
     port_raw = _pick(ns.port, environ, "port")
     port = _int("port", port_raw, 1, 65535) if port_raw is not None else DEFAULT_PORT
     extra = [*parse_extra_env(environ.get(EXTRA_ARGS_ENV)), *extra_cli]
+    # At once, with no SGLang needed (the doctor checks .env through this function): every
+    # prefix of an owned flag. run() asks SGLang's own parser as well, once it has found SGLang.
+    sglang_argv.check_not_owned(None, extra, LAUNCHER_OWNED_FLAGS, "extra SGLang arg")
     allow_any = ns.allow_any_arch or checks.parse_bool(
         ENV_INPUTS["allow_any_arch"], environ.get(ENV_INPUTS["allow_any_arch"])
     )

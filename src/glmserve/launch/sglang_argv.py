@@ -198,7 +198,6 @@ def check_not_owned(
     owned = tuple(owned)
     if parser is None:
         taken = {flag.lstrip("-").replace("-", "_"): flag for flag in owned}
-        taken[CONFIG_DEST] = CONFIG_FLAG
     else:
         taken = owned_dests(parser, owned)
     for arg in args:
