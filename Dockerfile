@@ -96,7 +96,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG GLMSERVE_VERSION=0.1.0
 ARG SGLANG_VERSION=0.5.12.post1
 ARG PATCH_SERIES=0.5.12.post1
-ARG PATCH_LOCK_SHA256=f892d6d4d57d99f094af4c1bce78a3d77615477edd9ca09be3941378ca63474b
+ARG PATCH_LOCK_SHA256=8c6ec6df6629920e4cc0229abcf9163747e643ecb139d8de7c096f50a5531bdc
 # The preflight also imports the new gather module (torch + Triton, present in the real base).
 # CI's torch-less stand-in base passes --no-import; the static checks still run there.
 ARG PREFLIGHT_ARGS=""
