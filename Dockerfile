@@ -97,7 +97,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG GLMSERVE_VERSION=0.1.0
 ARG SGLANG_VERSION=0.5.12.post1
 ARG PATCH_SERIES=0.5.12.post1
-ARG PATCH_LOCK_SHA256=f892d6d4d57d99f094af4c1bce78a3d77615477edd9ca09be3941378ca63474b
+ARG PATCH_LOCK_SHA256=742568207b6b14d3f51988560d71f805f93afc0cd9309a30dd76daa3b1cb09e6
 # The preflight also imports the new gather module (torch + Triton, present in the real base).
 # CI's torch-less stand-in base passes --no-import; the static checks still run there.
 ARG PREFLIGHT_ARGS=""

@@ -147,8 +147,11 @@ def concurrent_streams(url: str, n: int, max_tokens: int, prompt: str) -> dict[s
     return concurrent_requests(url, reqs)
 
 
-def concurrent_requests(url: str, requests: Sequence[streaming.StreamRequest]) -> dict[str, Any]:
-    """Streams released together; TPOT per stream and aggregate output tok/s over the window."""
+def concurrent_requests(
+    url: str, requests: Sequence[streaming.StreamRequest], keep_timings: bool = False
+) -> dict[str, Any]:
+    """Streams released together; TPOT per stream and aggregate output tok/s over the window
+    (with keep_timings, also every stream's StreamTiming, under "timings")."""
     import httpx
 
     n = len(requests)
@@ -182,6 +185,7 @@ def concurrent_requests(url: str, requests: Sequence[streaming.StreamRequest]) -
         "window_s": window,
         "streams_ok": len(done),
         "errors": errors,
+        **({"timings": done} if keep_timings else {}),
     }
 
 

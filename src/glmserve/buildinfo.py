@@ -17,13 +17,18 @@ ENV_VAR = "GLMSERVE_BUILD_INFO"
 # attention_backend: the decode backend the launcher asked SGLang for ("flashinfer" = the patched
 # path; "nsa" = DSA, which the series does not touch; "" = unknown or left to SGLang).
 # fp8_attention: the patched path's FP8 decode ("native" kernel or "gather"-then-cast; "" where
-# the patch does not run).
+# the patch does not run); fp8_attention_requested: what the deployment asked ("native" or
+# "gather" pinned, "auto" = the faster on this GPU); fp8_attention_why: one line on why that path
+# runs; fp8_attention_timing: the self-test's timing of both paths as compact JSON ("" if none).
 FIELDS = (
     "sglang_version",
     "patch_series",
     "patch_lock_sha256",
     "fp8_gather",
     "fp8_attention",
+    "fp8_attention_requested",
+    "fp8_attention_why",
+    "fp8_attention_timing",
     "attention_backend",
     "source",
 )
@@ -38,16 +43,28 @@ def write_build_info(path: str | os.PathLike[str], info: dict[str, str]) -> Path
     unknown = set(info) - set(FIELDS)
     if unknown:
         raise ValueError(f"unknown build-info keys: {sorted(unknown)}")
-    record = {key: str(info.get(key, "")) for key in FIELDS}
+    record = {key: _field_text(info.get(key, "")) for key in FIELDS}
     if record["fp8_gather"] not in ("on", "off", ""):
         raise ValueError(f"fp8_gather must be 'on' or 'off', not {record['fp8_gather']!r}")
     if record["fp8_attention"] not in ("native", "gather", ""):
         raise ValueError(
             f"fp8_attention must be 'native' or 'gather', not {record['fp8_attention']!r}"
         )
+    if record["fp8_attention_requested"] not in ("native", "gather", "auto", ""):
+        raise ValueError(
+            "fp8_attention_requested must be 'native', 'gather' or 'auto', not "
+            f"{record['fp8_attention_requested']!r}"
+        )
     target = Path(path)
     _write_json(target, record)
     return target
+
+
+def _field_text(value: object) -> str:
+    """A field as the file holds it: text; a mapping (the timing) as compact JSON."""
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True, separators=(",", ":")) if value else ""
+    return str(value)
 
 
 def _write_json(target: Path, record: dict[str, str]) -> None:

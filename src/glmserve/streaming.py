@@ -133,6 +133,15 @@ class StreamTiming:
     output_ids: tuple[int, ...] = ()
     cached_tokens: int | None = None
 
+    def tail_tpot_s(self, fraction: float = 0.5) -> float | None:
+        """TPOT of the stream's last `fraction` of output tokens: the mean inter-token latency
+        there (steady decode, once the prefills of streams started beside it are done).
+        None with fewer than two inter-token gaps in that part."""
+        if not 0.0 < fraction <= 1.0:
+            raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+        tail = self.itl_s[len(self.itl_s) - int(len(self.itl_s) * fraction) :]
+        return sum(tail) / len(tail) if len(tail) >= 2 else None
+
     @property
     def decode_tokens_per_s(self) -> float | None:
         return None if not self.tpot_s else 1.0 / self.tpot_s

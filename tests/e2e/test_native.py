@@ -15,7 +15,7 @@ def test_native_e2e_dry_run_on_emulators(tmp_path):
     proc = subprocess.run(
         [
             sys.executable, str(REPO / "bench" / "e2e" / "native.py"), "--out", str(tmp_path),
-            "--emulator", "--reps", "1", "--long-reps", "1", "--conc-reps", "1",
+            "--emulator", "--reps", "1", "--long-reps", "1", "--conc-reps", "1", "--loaded-reps", "1",
             "--tokens", "8", "--greedy-tokens", "4", "--ready-budget-s", "60",
         ],
         capture_output=True, text=True, timeout=300,
@@ -29,6 +29,10 @@ def test_native_e2e_dry_run_on_emulators(tmp_path):
         assert counts == {"short": 6, "long": 1, "shared_prefix": 4, "concurrent": 16}
     for path in ("bf16", "gather", "native"):
         s = doc["summary"][path]
-        assert all(s[k] for k in ("single_128_ms", "single_6000_ms", "conc_16_ms", "conc_16_tok_s"))
-    assert len(doc["bars"]) == 4
+        keys = ("single_128_ms", "single_6000_ms", "conc_16_ms", "conc_16_tok_s",
+                "loaded_64_ms", "loaded_64_steady_ms", "loaded_64_tok_s")  # fmt: skip
+        assert all(s[k] for k in keys), (path, s)
+    # TPOT at 1 stream (two prompts), 16 streams and 64 streams steady; tok/s at 16 and 64.
+    assert len(doc["bars"]) == 6
+    assert any("0.9x BF16 KV, 64 streams" in b["bar"] for b in doc["bars"])
     assert "| native |" in (tmp_path / "native-e2e.md").read_text()

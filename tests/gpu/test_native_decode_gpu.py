@@ -32,6 +32,23 @@ def test_native_verdict_passes_on_the_shipped_kernel(monkeypatch):
     assert report.native.startswith("passed: "), report.native
 
 
+def test_both_decode_paths_are_timed_at_the_launchers_shape(monkeypatch):
+    """Once native passed, both paths are timed on this GPU at the heads and batches the
+    launcher passes: one positive µs per batch each, and the faster named."""
+    monkeypatch.delenv("GLMSERVE_FP8_ATTENTION", raising=False)
+    monkeypatch.setenv("GLMSERVE_SELFTEST_HEADS", "8")
+    monkeypatch.setenv("GLMSERVE_SELFTEST_DECODE_BATCHES", "1,64")
+    report = selftest.run_selftest(timeout_s=60)
+    print(f"\n[selftest timing] {report.timing}")
+    assert report.status == "passed", report.detail
+    t = report.timing
+    assert "error" not in t, t
+    assert (t["heads"], t["batches"]) == (8, [1, 64])
+    assert len(t["native_us"]) == len(t["gather_us"]) == 2
+    assert all(v > 0 for v in t["native_us"] + t["gather_us"])
+    assert t["faster"] == ("native" if sum(t["native_us"]) <= sum(t["gather_us"]) else "gather")
+
+
 def test_native_verdict_refuses_an_injected_fault_without_failing_the_gather(monkeypatch):
     monkeypatch.delenv("GLMSERVE_FP8_ATTENTION", raising=False)
     report = selftest.run_selftest(timeout_s=30, native_fault="drop-last-token")
@@ -45,3 +62,4 @@ def test_gather_mode_skips_the_native_check(monkeypatch):
     report = selftest.run_selftest(timeout_s=30)
     assert report.status == "passed", report.detail
     assert report.native == "skipped: GLMSERVE_FP8_ATTENTION=gather"
+    assert report.timing == {}  # nothing to choose between

@@ -442,6 +442,9 @@ def test_start_runs_selftest_writes_build_info_then_execs(launch, base_env):
         "patch_lock_sha256": "ab" * 32,
         "fp8_gather": "on",
         "fp8_attention": "native",
+        "fp8_attention_requested": "auto",
+        "fp8_attention_why": "default (not timed)",
+        "fp8_attention_timing": "",
         "attention_backend": "flashinfer",
         "source": "launcher",
     }
@@ -470,6 +473,52 @@ def test_native_decode_passing_its_self_test_keeps_the_chosen_mode(launch):
     [(_file, _argv, env)] = outcome.rec.execs
     assert "GLMSERVE_FP8_ATTENTION" not in env or env["GLMSERVE_FP8_ATTENTION"] == "native"
     assert "native FP8 decode self-test passed: 4 cases" in outcome.err
+
+
+TIMED = {"heads": 8, "context": 2048, "batches": [1, 64], "native_us": [10.0, 66.0],
+         "gather_us": [17.0, 155.0], "faster": "native"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("request_env", "timing", "native", "chosen", "why"),
+    [
+        # auto (unset): the self-test's faster path serves, with the µs in the why
+        ({}, TIMED, "passed: ok", "native", "faster on this GPU: native 76.0 µs vs gather 172.0"),
+        ({}, {**TIMED, "faster": "gather"}, "passed: ok", "gather", "faster on this GPU"),
+        ({"GLMSERVE_FP8_ATTENTION": ""}, {**TIMED, "faster": "gather"}, "passed: ok", "gather",
+         "faster on this GPU"),
+        # pinned: honoured whatever the timing says
+        ({"GLMSERVE_FP8_ATTENTION": "native"}, {**TIMED, "faster": "gather"}, "passed: ok",
+         "native", "pinned by GLMSERVE_FP8_ATTENTION=native"),
+        ({"GLMSERVE_FP8_ATTENTION": "gather"}, TIMED, "passed: ok", "gather",
+         "pinned by GLMSERVE_FP8_ATTENTION=gather"),
+        # a failed native check beats a pin to native
+        ({"GLMSERVE_FP8_ATTENTION": "native"}, {}, "failed: WRONG", "gather",
+         "native FP8 decode failed its self-test"),
+        # timing that failed leaves native (the default) serving, and says why
+        ({}, {"error": "OutOfMemoryError: x"}, "passed: ok", "native",
+         "default (the paths could not be timed: OutOfMemoryError: x)"),
+    ],
+)  # fmt: skip
+def test_the_box_serves_the_faster_fp8_decode_path_unless_pinned(
+    launch, base_env, request_env, timing, native, chosen, why
+):
+    outcome = launch(
+        ["--profile", RTX_PROFILE, *GLM_ARGS], env=request_env,
+        selftest=("passed", "ok", native, timing),
+    )  # fmt: skip
+    assert outcome.code == 0, outcome.err
+    [(_file, _argv, env)] = outcome.rec.execs
+    assert env["GLMSERVE_FP8_ATTENTION"] == chosen
+    info = buildinfo.read_build_info(base_env["GLMSERVE_BUILD_INFO"])
+    assert info["fp8_attention"] == chosen
+    assert why in info["fp8_attention_why"], info["fp8_attention_why"]
+    raw = request_env.get("GLMSERVE_FP8_ATTENTION", "")
+    assert info["fp8_attention_requested"] == (raw or "auto")
+    assert json.loads(info["fp8_attention_timing"] or "{}") == timing
+    # What the self-test timed: GLM-5's 64 heads over TP8, and the server's decode batches.
+    assert outcome.rec.selftest_env["GLMSERVE_SELFTEST_HEADS"] == "8"
+    assert outcome.rec.selftest_env["GLMSERVE_SELFTEST_DECODE_BATCHES"].startswith("1,")
 
 
 def test_unknown_fp8_attention_mode_is_refused_before_anything_starts(launch):
@@ -635,7 +684,7 @@ def _host_for_main(base_env, extra_env, waits):
         gpus=lambda _env: gpus_like(RTX, 8),
         driver_version=lambda: "580.95.05",
         cuda_version=lambda _env: "13.0",
-        run_selftest=lambda _env: ("passed", "ok", ""),
+        run_selftest=lambda _env: ("passed", "ok", "", {}),
         execvpe=lambda *_a: None,
         wait_for_stop=lambda: waits.append(1),
         clock=lambda: 1700000000.0,

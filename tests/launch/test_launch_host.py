@@ -26,13 +26,17 @@ def test_selftest_crash_counts_as_failed(monkeypatch):
         raise RuntimeError("CUDA error: illegal instruction")
 
     monkeypatch.setattr(selftest, "run_selftest", boom)
-    status, detail, native = host_mod.run_selftest({})
+    status, detail, native, timing = host_mod.run_selftest({})
     assert status == "failed" and "RuntimeError: CUDA error" in detail and native == ""
+    assert timing == {}
 
 
 @pytest.mark.parametrize("status", ["passed", "skipped", "failed"])
 def test_selftest_report_is_passed_through(monkeypatch, status):
+    timing = {"faster": "native", "native_us": [1.0], "gather_us": [2.0]}
     monkeypatch.setattr(
-        selftest, "run_selftest", lambda timeout_s: SelfTestReport(status, "why", "passed: ok")
+        selftest,
+        "run_selftest",
+        lambda timeout_s: SelfTestReport(status, "why", "passed: ok", timing),
     )
-    assert host_mod.run_selftest({}) == (status, "why", "passed: ok")
+    assert host_mod.run_selftest({}) == (status, "why", "passed: ok", timing)

@@ -125,5 +125,34 @@ def test_a_gpu_without_hardware_e4m3_is_skipped_with_the_reason(monkeypatch, cap
     out = capsys.readouterr().out.strip().splitlines()[-1]
     assert out.startswith("GLMSERVE-SELFTEST-RESULT ")
     report = selftest.json.loads(out.split(" ", 1)[1])
-    assert report == {"status": "skipped", "detail": selftest.capability_note(8, 0), "native": ""}
+    assert report == {
+        "status": "skipped",
+        "detail": selftest.capability_note(8, 0),
+        "native": "",
+        "timing": {},
+    }
     assert "8.0 has no hardware FP8 e4m3 convert" in report["detail"]
+
+
+def test_the_timing_shape_comes_from_the_launcher_and_bad_values_are_refused():
+    """Heads per rank and decode batches: the launcher's values, deduplicated and sorted; the
+    defaults without them; one clear error for anything but positive integers."""
+    from glmserve.patching import pathtiming
+
+    assert pathtiming.requested_shape({}) == (16, (1, 16))
+    env = {"GLMSERVE_SELFTEST_HEADS": "8", "GLMSERVE_SELFTEST_DECODE_BATCHES": "64,1,64"}
+    assert pathtiming.requested_shape(env) == (8, (1, 64))
+    for bad in ({"GLMSERVE_SELFTEST_HEADS": "0"}, {"GLMSERVE_SELFTEST_HEADS": "8,16"},
+                {"GLMSERVE_SELFTEST_DECODE_BATCHES": "1,x"},
+                {"GLMSERVE_SELFTEST_DECODE_BATCHES": ""}):  # fmt: skip
+        with pytest.raises(pathtiming.TimingInputError, match="GLMSERVE_SELFTEST_"):
+            pathtiming.requested_shape(bad)
+    # The faster path is the one with the smaller total over the timed batches; ties: native.
+    assert pathtiming.faster_path([10.0, 70.0], [17.0, 150.0]) == "native"
+    assert pathtiming.faster_path([10.0, 200.0], [17.0, 150.0]) == "gather"
+    assert pathtiming.faster_path([5.0], [5.0]) == "native"
+    line = pathtiming.summary({"heads": 8, "context": 2048, "batches": [1, 64],
+                               "native_us": [10.0, 66.0], "gather_us": [17.0, 155.0],
+                               "faster": "native"})  # fmt: skip
+    assert line.startswith("8 heads, 2048 tokens per request, per layer: batch 1: native 10.0 µs")
+    assert line.endswith("faster: native")

@@ -161,3 +161,26 @@ def test_the_stream_content_is_kept_for_callers_that_compare_outputs() -> None:
                     deltas.append((choice.get("delta") or {}).get("content") or "")
     assert chat.text == "".join(deltas) and len(chat.text) > 3
     assert chat.output_ids == ()
+
+
+def stream_at(times: list[float]):
+    """A chat stream with one token per event at the given times (request sent at t=0)."""
+    timer = StreamTimer(0.0)
+    for t in times:
+        timer.feed(b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n', now=t)
+    timer.feed(b"data: [DONE]\n\n", now=times[-1])
+    return timer.finish(now=times[-1])
+
+
+def test_tail_tpot_is_the_steady_decode_of_the_last_part_of_a_stream() -> None:
+    """First half slowed by other streams' prefills (30 ms gaps), second half steady (10 ms):
+    the whole-stream TPOT mixes both, the tail TPOT is the steady 10 ms."""
+    times = [0.1 + 0.030 * i for i in range(11)]
+    times += [times[-1] + 0.010 * (i + 1) for i in range(10)]
+    got = stream_at(times)
+    assert got.tpot_s == pytest.approx(0.020)
+    assert got.tail_tpot_s() == pytest.approx(0.010)
+    assert got.tail_tpot_s(1.0) == pytest.approx(got.tpot_s)
+    assert stream_at([0.1, 0.2]).tail_tpot_s() is None  # one gap: no steady part to speak of
+    with pytest.raises(ValueError, match="fraction"):
+        got.tail_tpot_s(0.0)

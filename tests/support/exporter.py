@@ -14,6 +14,8 @@ BUILD_INFO = {
     "patch_series": "0.5.12.post1",
     "patch_lock_sha256": "ab" * 32,
     "fp8_gather": "on",
+    "fp8_attention": "native",
+    "fp8_attention_requested": "auto",
     "source": "launcher",
 }
 

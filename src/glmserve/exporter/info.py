@@ -43,6 +43,8 @@ INFO_LABELS = (
     "patch_series",
     "patch_lock_sha256",
     "fp8_gather",
+    "fp8_attention",
+    "fp8_attention_requested",
     "build_source",
 )
 
@@ -102,7 +104,8 @@ def summarize(labels: dict[str, str], build_present: bool) -> str:
     elif not labels.get("patch_series"):
         patch = "unpatched"
     elif labels.get("fp8_gather") == "on":
-        patch = "patched"
+        path = labels.get("fp8_attention", "")
+        patch = f"patched, {path} decode" if path else "patched"
     else:
         patch = "patched, gather off"
     parts = [kv, patch]
@@ -316,6 +319,10 @@ class TargetInfoCollector(Collector):
             labels["patch_series"] = build.get("patch_series", "")
             labels["patch_lock_sha256"] = build.get("patch_lock_sha256", "")
             labels["fp8_gather"] = build.get("fp8_gather", "")
+            # Which FP8 decode path serves (native or gather) and what was asked (auto = the
+            # faster on this GPU): a fallback from native shows on the dashboard and alerts.
+            labels["fp8_attention"] = build.get("fp8_attention", "")
+            labels["fp8_attention_requested"] = build.get("fp8_attention_requested", "")
             labels["build_source"] = build.get("source", "")
             for key in ("sglang_version", "attention_backend"):  # the server's answer wins
                 if not labels[key]:

@@ -211,17 +211,66 @@ def fp8_gather_state(env: Mapping[str, str]) -> str:
 
 FP8_ATTENTION = "GLMSERVE_FP8_ATTENTION"
 FP8_ATTENTION_MODES = ("native", "gather")
+FP8_ATTENTION_AUTO = "auto"  # unset or empty: the box times both and serves the faster
+
+
+def fp8_attention_request(env: Mapping[str, str]) -> str:
+    """What the deployment asks of the FP8 decode path: 'native' or 'gather' (pinned), or
+    'auto' (unset or empty: the self-test times both on this GPU, the faster serves)."""
+    raw = env.get(FP8_ATTENTION, "").strip().lower()
+    if raw in ("", FP8_ATTENTION_AUTO):
+        return FP8_ATTENTION_AUTO
+    if raw not in FP8_ATTENTION_MODES:
+        raise LaunchError(
+            f"{FP8_ATTENTION}={raw!r} must be native (the FP8 decode kernel), gather "
+            "(gather-then-cast + FlashInfer), or empty/auto (the faster of the two on this GPU)"
+        )
+    return raw
 
 
 def fp8_attention_mode(env: Mapping[str, str]) -> str:
-    """The decode path the patched backend takes: native (default) or gather."""
-    raw = env.get(FP8_ATTENTION, "native").strip().lower()
-    if raw not in FP8_ATTENTION_MODES:
-        raise LaunchError(
-            f"{FP8_ATTENTION}={raw!r} must be native (default: the FP8 decode kernel) or "
-            "gather (gather-then-cast + FlashInfer)"
+    """The decode path the patched backend takes when nothing was timed: the request, and
+    native where the request is auto."""
+    request = fp8_attention_request(env)
+    return "native" if request == FP8_ATTENTION_AUTO else request
+
+
+def choose_fp8_attention(
+    request: str, native_verdict: str, timing: Mapping[str, Any]
+) -> tuple[str, str]:
+    """(path to serve, why) from the request and the self-test's native verdict and timing.
+
+    A failed native check always means gather (just proven bit-identical); a pinned request is
+    honoured otherwise; auto takes the path the self-test measured faster, and native where
+    nothing was timed."""
+    if native_verdict.startswith("failed"):
+        return "gather", "native FP8 decode failed its self-test"
+    if request in FP8_ATTENTION_MODES:
+        return request, f"pinned by {FP8_ATTENTION}={request}"
+    if timing.get("faster") in FP8_ATTENTION_MODES:
+        native_us, gather_us = sum(timing["native_us"]), sum(timing["gather_us"])
+        return str(timing["faster"]), (
+            f"faster on this GPU: native {native_us:.1f} µs vs gather {gather_us:.1f} µs per "
+            f"layer over batches {timing['batches']} at {timing['heads']} heads"
         )
-    return raw
+    if timing.get("error"):
+        return "native", f"default (the paths could not be timed: {timing['error']})"
+    return "native", "default (not timed)"
+
+
+def decode_timing_env(
+    argv: Sequence[str], model_config: Mapping[str, Any], tp: int
+) -> dict[str, str]:
+    """The self-test's timing shape: the model's heads per rank and the decode batches the
+    server will run (1 and the largest captured CUDA-graph batch, 64 where the profile leaves it to SGLang)."""
+    env = {}
+    heads = model_config.get("num_attention_heads")
+    if isinstance(heads, int) and heads > 0 and tp > 0:
+        env["GLMSERVE_SELFTEST_HEADS"] = str(max(1, heads // tp))
+    max_bs = flag_value(argv, "--cuda-graph-max-bs")
+    batches = ["1", max_bs if max_bs and max_bs.isdigit() and int(max_bs) > 0 else "64"]
+    env["GLMSERVE_SELFTEST_DECODE_BATCHES"] = ",".join(batches)
+    return env
 
 
 # Minimum Linux driver per CUDA major (NVIDIA's CUDA 13.0 / 12.x release notes, "CUDA Toolkit and

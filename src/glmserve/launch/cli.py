@@ -411,7 +411,7 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
     # Validated on every path (compose always passes it), recorded only where it means something.
     gather = checks.fp8_gather_state(plan.env)
     fp8_gather = gather if patched_path else ""
-    checks.fp8_attention_mode(plan.env)
+    fp8_request = checks.fp8_attention_request(plan.env)
     checks.check_writable_dir(checks.flashinfer_cache_dir(plan.env), "FlashInfer JIT cache dir")
     series = str((marker or {}).get("series", ""))
     sglang_info = {
@@ -455,6 +455,14 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
     checks.check_build_info_target(inputs.build_info)
 
     # --- start sequence ---
+    fp8_why = (
+        f"pinned by {checks.FP8_ATTENTION}={fp8_request}"
+        if fp8_request in checks.FP8_ATTENTION_MODES
+        else "default (not timed)"
+    )
+    fp8_timing: dict[str, Any] = {}
+    # SGLang reads one of the two paths: the default (native) until the self-test decides.
+    plan.env[checks.FP8_ATTENTION] = checks.fp8_attention_mode(plan.env)
     for warning in warnings:
         print(f"{PROG}: warning: {warning}", file=err)
     if not patched_path:
@@ -466,7 +474,10 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
     elif inputs.skip_selftest:
         print(f"{PROG}: self-test skipped by override", file=err)
     else:
-        status, detail, native = host.run_selftest(plan.env)
+        # The shape the self-test times both decode paths at: this model's heads per rank and
+        # this server's decode batches (pathtiming); the server ignores these variables.
+        plan.env.update(checks.decode_timing_env(plan.argv, plan.model_config, plan.inputs.tp))
+        status, detail, native, timing = host.run_selftest(plan.env)
         if status not in ("passed", "skipped"):
             raise LaunchError(
                 f"kernel self-test {status}: {detail}; refusing to serve "
@@ -475,10 +486,15 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
         print(f"{PROG}: self-test {status}: {detail}", file=err)
         if native:
             print(f"{PROG}: native FP8 decode self-test {native}", file=err)
-        if native.startswith("failed"):
-            # The gather path has just been proven bit-identical; serve on it rather than not.
-            plan.env[checks.FP8_ATTENTION] = "gather"
-            print(f"{PROG}: serving with {checks.FP8_ATTENTION}=gather instead", file=err)
+        if fp8_gather == "on" and (native or timing):
+            chosen, fp8_why = checks.choose_fp8_attention(fp8_request, native, timing)
+            if native.startswith("failed"):
+                # The gather path has just been proven bit-identical; serve on it, not refuse.
+                print(f"{PROG}: serving with {checks.FP8_ATTENTION}=gather instead", file=err)
+            else:
+                print(f"{PROG}: FP8 decode path {chosen}: {fp8_why}", file=err)
+            plan.env[checks.FP8_ATTENTION] = chosen
+            fp8_timing = timing
     buildinfo.clear_launch_error(inputs.build_info)  # a previous refusal no longer holds
     buildinfo.write_build_info(
         inputs.build_info,
@@ -489,8 +505,13 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
             "patch_series": series,
             "patch_lock_sha256": str((marker or {}).get("lock_sha256", "")),
             "fp8_gather": fp8_gather,
-            # The decode path the patched backend takes (empty where the patch does not run).
+            # The decode path the patched backend takes (empty where the patch does not run),
+            # what was asked of it (native, gather, or auto: the faster here), why it runs,
+            # and both paths' µs per layer where the self-test timed them.
             "fp8_attention": checks.fp8_attention_mode(plan.env) if fp8_gather == "on" else "",
+            "fp8_attention_requested": fp8_request if fp8_gather == "on" else "",
+            "fp8_attention_why": fp8_why if fp8_gather == "on" else "",
+            "fp8_attention_timing": fp8_timing if fp8_gather == "on" else {},
             "attention_backend": backend,
             "source": "launcher",
         },

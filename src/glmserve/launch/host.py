@@ -61,10 +61,11 @@ def preflight(site: Path) -> list[str]:
     return _preflight(site, import_gather=False)
 
 
-def run_selftest(env: Mapping[str, str]) -> tuple[str, str, str]:
-    """(status, detail, native) from the kernel self-test; a crash or a missing module counts as
-    failed, because serving an unverified kernel is exactly what the self-test exists to prevent.
-    `native` is the native FP8 decode kernel's own verdict ("" when it was not checked).
+def run_selftest(env: Mapping[str, str]) -> tuple[str, str, str, dict[str, Any]]:
+    """(status, detail, native, timing) from the kernel self-test; a crash or a missing module
+    counts as failed, because serving an unverified kernel is exactly what the self-test exists
+    to prevent. `native` is the native FP8 decode kernel's own verdict ("" when it was not
+    checked); `timing` both decode paths timed on this GPU ({} when not timed).
 
     The self-test reads os.environ (GLMSERVE_FP8_GATHER) and hands it to its child, so it gets the
     environment the server will get; this process is replaced by exec right after anyway.
@@ -73,12 +74,12 @@ def run_selftest(env: Mapping[str, str]) -> tuple[str, str, str]:
     try:
         from glmserve.patching.selftest import run_selftest as _run
     except ImportError as exc:
-        return "failed", f"self-test module not importable ({exc})", ""
+        return "failed", f"self-test module not importable ({exc})", "", {}
     try:
         report = _run(timeout_s=30)
     except Exception as exc:  # a broken self-test must not look like a pass
-        return "failed", f"self-test raised {type(exc).__name__}: {exc}", ""
-    return str(report.status), str(report.detail), str(report.native)
+        return "failed", f"self-test raised {type(exc).__name__}: {exc}", "", {}
+    return str(report.status), str(report.detail), str(report.native), dict(report.timing)
 
 
 def wait_for_stop() -> None:
@@ -110,7 +111,7 @@ class Host:
     sglang_parser: Callable[[Path], argparse.ArgumentParser] = load_parser
     preflight: Callable[[Path], list[str]] = preflight
     interrupted_patch: Callable[[Path], str | None] = interrupted_patch
-    run_selftest: Callable[[Mapping[str, str]], tuple[str, str, str]] = run_selftest
+    run_selftest: Callable[[Mapping[str, str]], tuple[str, str, str, dict[str, Any]]] = run_selftest
     execvpe: Callable[[str, list[str], Mapping[str, str]], Any] = _exec
     wait_for_stop: Callable[[], None] = wait_for_stop
     clock: Callable[[], float] = time.time

@@ -123,9 +123,11 @@ def panels() -> list[Panel]:
             "Build / patch status",
             "What the target is, from the exporter's info series: GET /server_info joined with "
             "the build-info file the launcher writes (KV dtype, patch series, FP8 gather switch, "
-            "KV pool size). 'FP8 KV, patched' is the intended production state; "
-            "'FP8 KV, unpatched' or 'gather off' means decode pays the full-pool FP8->BF16 cast "
-            "(alert GlmserveFP8KVWithoutPatch).",
+            "KV pool size, FP8 decode path). 'FP8 KV, patched, native decode' is the intended "
+            "production state; 'gather decode' means the native kernel failed its start-up "
+            "self-test or was timed slower on this GPU (alert GlmserveFP8DecodeFellBackToGather; "
+            "the build info says which); 'FP8 KV, unpatched' or 'gather off' means decode pays "
+            "the full-pool FP8->BF16 cast (alert GlmserveFP8KVWithoutPatch).",
             [Target("max by (summary) (glmserve_server_info)", "{{summary}}", instant=True)],
             kind="stat",
             unit="none",

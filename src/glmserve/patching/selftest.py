@@ -20,7 +20,9 @@ Three parts:
   then the patched class decoding through it (classcheck, native mode). Its verdict is reported
   separately (``native``): a failure there does not fail the self-test; the launcher serves
   with GLMSERVE_FP8_ATTENTION=gather. ``--native-fault drop-last-token`` injects a fault the
-  native check must refuse.
+  native check must refuse;
+* when native passed: both decode paths timed on this GPU (``timing``,
+  glmserve.patching.pathtiming), so the launcher can serve with the faster one.
 
 Pools hold real-valued latents quantized to FP8, so softmax is spread and a wrong row changes
 the output; the shadow is poisoned with NaN before every call, so a row nothing refreshed
@@ -47,7 +49,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -86,6 +88,9 @@ class SelfTestReport:
     # "" when not run). A failure there does not fail the self-test: the launcher then serves
     # with GLMSERVE_FP8_ATTENTION=gather, which the gather checks above have proven.
     native: str = ""
+    # Both decode paths timed on this GPU once both passed (glmserve.patching.pathtiming):
+    # heads, context, batches, native_us, gather_us, faster; {} when not timed.
+    timing: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -467,7 +472,10 @@ def _child(
         native = _native_verdict(torch, attention, device, seed, native_fault)
         if native_mode and native.startswith("passed"):
             native = _native_class_verdict(torch, parts, seed, native)
-        report = SelfTestReport("passed", detail, native)
+        timing = {}
+        if native_mode and native.startswith("passed"):
+            timing = _time_paths(torch, flashinfer, kernel, path, device, seed)
+        report = SelfTestReport("passed", detail, native, timing)
     except SelfTestFailure as exc:
         report = SelfTestReport("failed", f"patched FP8 KV gather is WRONG: {exc}")
     except AssertionError as exc:  # classcheck.WiringFailure: the class's wiring is wrong
@@ -476,6 +484,23 @@ def _child(
         report = SelfTestReport("failed", f"self-test crashed: {type(exc).__name__}: {exc}")
     print(_RESULT + json.dumps(asdict(report)), flush=True)
     return 0 if report.ok else 1
+
+
+def _time_paths(
+    torch: Any, flashinfer: Any, gather: ModuleType, gather_path: Path, device: Any, seed: int
+) -> dict[str, Any]:
+    """Both decode paths timed (pathtiming); {"error": ...} if timing itself fails, which
+    leaves the launcher on its default rather than failing a proven kernel."""
+    from glmserve.patching import pathtiming
+
+    try:
+        heads, batches = pathtiming.requested_shape()
+        native = load_kernel_module(gather_path.parent / "fp8_mla_decode.py")
+        return pathtiming.time_decode_paths(
+            torch, flashinfer, gather, native, device, heads, batches, seed
+        )
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def _native_class_verdict(torch: Any, parts: Any, seed: int, kernel_verdict: str) -> str:
@@ -573,7 +598,9 @@ def run_selftest(
             elif line.startswith(_RESULT):
                 doc = json.loads(line[len(_RESULT) :])
                 proc.wait(timeout=30)
-                return SelfTestReport(doc["status"], doc["detail"], doc.get("native", ""))
+                return SelfTestReport(
+                    doc["status"], doc["detail"], doc.get("native", ""), doc.get("timing", {})
+                )
             else:
                 tail = [*tail[-20:], line]
     finally:
@@ -621,6 +648,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"glmserve self-test {report.status.upper()}: {report.detail}")
         if report.native:
             print(f"glmserve native FP8 decode self-test {report.native}")
+        if report.timing:
+            from glmserve.patching import pathtiming
+
+            line = report.timing.get("error") or pathtiming.summary(report.timing)
+            print(f"glmserve FP8 decode paths timed: {line}")
     return 0 if report.ok else 1
 
 
