@@ -97,7 +97,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG GLMSERVE_VERSION=0.1.0
 ARG SGLANG_VERSION=0.5.12.post1
 ARG PATCH_SERIES=0.5.12.post1
-ARG PATCH_LOCK_SHA256=742568207b6b14d3f51988560d71f805f93afc0cd9309a30dd76daa3b1cb09e6
+ARG PATCH_LOCK_SHA256=f5de099568f4cb49ee4fa1e83905ddbba393e56dcf2d866f57f755c51c2c6033
 # The preflight also imports the new gather module (torch + Triton, present in the real base).
 # CI's torch-less stand-in base passes --no-import; the static checks still run there.
 ARG PREFLIGHT_ARGS=""
@@ -138,7 +138,7 @@ COPY --from=tools-build /opt/wheels/ /tmp/glmserve-wheels/
 RUN PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 -m pip install --no-cache-dir --no-deps --no-index \
         /tmp/glmserve-wheels/glmserve-*.whl \
     && rm -rf /tmp/glmserve-wheels \
-    && python3 -m glmserve.patching.verify --target "$(cat /opt/glmserve-build/sglang-site)" \
+    && python3 -m glmserve.preflight --target "$(cat /opt/glmserve-build/sglang-site)" \
         --expect-version "${SGLANG_VERSION}" --expect-series "${PATCH_SERIES}" \
         --expect-lock "${PATCH_LOCK_SHA256}" --expect-cuda "${EXPECT_CUDA}" ${PREFLIGHT_ARGS} \
     && mkdir -p /cache/jit /cache/huggingface /cache/home /run/glmserve \

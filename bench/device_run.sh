@@ -58,7 +58,7 @@ gpu nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperatu
 step "apply series"
 python3 patches/apply.py --target "$SITE" 2>&1 | tee -a "$log"
 python3 patches/apply.py --target "$SITE" --check 2>&1 | tee -a "$log"
-python3 -m glmserve.patching.verify --target "$SITE" 2>&1 | tee -a "$log"
+python3 -m glmserve.preflight --target "$SITE" 2>&1 | tee -a "$log"
 # What ran, as one line of the log: the overlay's build stamp, the marker the series left, the
 # hash of the code this call ran (src, patches, entrypoint, bench scripts) and the commit if known.
 python3 - "$SITE" <<'PY' 2>&1 | tee -a "$log"
@@ -93,7 +93,7 @@ kernel | correctness)
     cp "$KERNEL" "$OUT/fp8_kv_gather.py"; sha256sum "$KERNEL" | tee -a "$log"
   fi
   step "self-test"; t0=$SECONDS
-  gpu python3 -m glmserve.patching.selftest 2>&1 | tee -a "$log"
+  gpu python3 -m glmserve.selftest 2>&1 | tee -a "$log"
   echo "rc=${PIPESTATUS[0]} wall=$((SECONDS - t0)) s" | tee -a "$log"
   step "GPU tests"
   # shellcheck disable=SC2086  # GPU_TESTS: test paths, space-separated (default: all of tests/gpu)

@@ -48,7 +48,7 @@ import gather_cast  # bench/gather_cast.py: the timing and environment helpers
 import torch
 from gather_cast import copy_ceiling_tbs, versions
 
-from glmserve.patching.nativecheck import fp64_decode_attention
+from glmserve.selftest.nativecheck import fp64_decode_attention
 
 CKV, KPE, D = 512, 64, 576
 SM_SCALE = 1.0 / math.sqrt(192 + KPE)  # GLM-5: qk_nope 192 + rope 64

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from triton.testing import do_bench
 
-from glmserve.patching.nativecheck import fp64_decode_attention
+from glmserve.selftest.nativecheck import fp64_decode_attention
 
 D = 576
 SM_SCALE = 1.0 / math.sqrt(192 + 64)

@@ -53,12 +53,12 @@ SWEEP_ROWS = [512, 2048, 8192, 32768, 131072, 262144, 448000, 495552]
 
 def load_kernel(path: str | None):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-    from glmserve.patching import selftest
+    from glmserve.selftest import runner
 
-    found = Path(path) if path else selftest.installed_kernel_path()
+    found = Path(path) if path else runner.installed_kernel_path()
     if found is None:
         sys.exit("gather_cast: no patched SGLang on sys.path (apply the series first)")
-    return selftest.load_kernel_module(found), found
+    return runner.load_kernel_module(found), found
 
 
 def versions() -> dict[str, str]:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Rewrite the Dockerfile's PATCH_SERIES / PATCH_LOCK_SHA256 defaults from patches/series.lock.json.
-# Run it after regenerating the lock (python -m glmserve.patching.regen); the image build refuses
+# Run it after regenerating the lock (python -m glmserve.series.regen); the image build refuses
 # labels that disagree with what apply.py recorded, and tests/stack checks the defaults.
 # PATCH_SERIES is the source series the lock maps the Dockerfile's SGLANG_VERSION to.
 set -euo pipefail

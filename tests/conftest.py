@@ -13,7 +13,10 @@ from support.policy import IN_CI, require
 
 # Patch and kernel tests: CI has everything they need, so a skip there hides a broken setup
 # (a missing wheel, torch not installed, Triton imported too early) behind a green run.
-NO_SKIP_IN_CI = (Path(__file__).resolve().parent / "patching",)
+NO_SKIP_IN_CI = tuple(
+    Path(__file__).resolve().parent / room
+    for room in ("series", "preflight", "selftest", "kernels")
+)
 
 
 @pytest.fixture(name="require", scope="session")

@@ -24,10 +24,11 @@ def _run(root: Path, ci: bool) -> str:
 
 def test_skips_fail_in_ci_only_for_patch_and_kernel_tests(tmp_path):
     tests = tmp_path / "tests"
-    (tests / "patching").mkdir(parents=True)
+    (tests / "series").mkdir(parents=True)
+    (tests / "kernels").mkdir()
     shutil.copy(TESTS / "conftest.py", tests / "conftest.py")
     shutil.copytree(TESTS / "support", tests / "support")
-    (tests / "patching" / "test_body.py").write_text(
+    (tests / "series" / "test_body.py").write_text(
         "import pytest\n\ndef test_b():\n    pytest.skip('no wheel')\n"
     )
     (tests / "test_elsewhere.py").write_text(
@@ -35,7 +36,7 @@ def test_skips_fail_in_ci_only_for_patch_and_kernel_tests(tmp_path):
     )
     assert _run(tmp_path, ci=False).startswith("2 skipped")
     assert _run(tmp_path, ci=True).startswith("1 failed, 1 skipped")
-    (tests / "patching" / "test_module.py").write_text(
+    (tests / "kernels" / "test_module.py").write_text(
         "import pytest\n\npytest.importorskip('no_such_module_for_this_test')\n"
     )
     assert "1 error" in _run(tmp_path, ci=True)

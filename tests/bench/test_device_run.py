@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from support.policy import require
 
-from glmserve.patching.series import load_lock
-from glmserve.patching.wheels import default_cache_dir, extract_site, fetch_wheel
+from glmserve.series.lock import load_lock
+from glmserve.series.wheels import default_cache_dir, extract_site, fetch_wheel
 
 REPO = Path(__file__).resolve().parents[2]
 PINNED = "0.5.12.post1"
@@ -88,7 +88,7 @@ def test_kernel_job_applies_the_series_and_runs_each_gpu_step(tmp_path, bundle):
     assert [d.split()[1:4] for d in dry] == [
         ["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu",
          "--format=csv"],
-        ["python3", "-m", "glmserve.patching.selftest"],
+        ["python3", "-m", "glmserve.selftest"],
         ["python3", "-m", "pytest"],
         ["python3", "bench/gather_cast.py", "--out"],
     ]  # fmt: skip
@@ -108,7 +108,7 @@ def test_correctness_job_is_the_kernel_job_without_the_benchmark(tmp_path, bundl
     assert "job correctness" in (tmp_path / "out" / "device.log").read_text()
     dry = [line.split()[1:4] for line in proc.stdout.splitlines() if line.startswith("dry-run: ")]
     assert dry[1:] == [
-        ["python3", "-m", "glmserve.patching.selftest"],
+        ["python3", "-m", "glmserve.selftest"],
         ["python3", "-m", "pytest"],
     ]
 

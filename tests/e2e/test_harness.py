@@ -122,8 +122,8 @@ def test_pass_through_flags_exist_in_the_pinned_sglang() -> None:
     import ast
     import zipfile
 
-    from glmserve.patching.errors import PatchError
-    from glmserve.patching.wheels import default_cache_dir, fetch_wheel
+    from glmserve.series.errors import PatchError
+    from glmserve.series.wheels import default_cache_dir, fetch_wheel
 
     try:
         wheel = fetch_wheel("0.5.12.post1", default_cache_dir())

@@ -1,18 +1,17 @@
 """(c) The PATCHED SGLang FlashInferMLAAttnBackend itself on the GPU (run by bench/device_run.sh).
 
-The self-test's class checks (glmserve.patching.classcheck) on the installed SGLang and FlashInfer:
+The self-test's class checks (glmserve.selftest.classcheck) on the installed SGLang and FlashInfer:
 eager decode, paged extend with a prefix, target verify, and decode captured once in a CUDA graph
 and replayed through SGLang's fast replay plan, with FlashInfer `auto` (fa3 on the H200, what the
 server runs) and fa2 (SM120's family), with native FP8 decode (held to fp64) and gather-then-cast
 decode (bit for bit), against the same class with GLMSERVE_FP8_GATHER=0. Then fault
-injection: wrong wirings of the backend (tests/patching/backend_mutants.py) must be refused, by
+injection: wrong wirings of the backend (tests/support/backend_mutants.py) must be refused, by
 the harness and by the startup self-test's --backend, so the self-test is shown to catch a wrong
 WIRING, not only a wrong kernel.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
@@ -22,10 +21,9 @@ pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch")
 
-from glmserve.patching import classcheck, selftest  # noqa: E402
+from support.backend_mutants import OBSERVABLE, WRONG, mutate  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "patching"))
-from backend_mutants import OBSERVABLE, WRONG, mutate  # noqa: E402
+from glmserve.selftest import classcheck, runner  # noqa: E402
 
 CHECK_BUDGET_S = 30.0
 
@@ -68,7 +66,7 @@ def test_c_the_startup_selftest_refuses_a_wrong_wiring(parts, tmp_path):
     (mutant,) = [m for m in WRONG if m.name == OBSERVABLE[0]]
     broken = tmp_path / "flashinfer_mla_backend.py"
     broken.write_text(mutate(Path(parts.backend.__file__).read_text(), mutant))
-    report = selftest.run_selftest(timeout_s=CHECK_BUDGET_S, backend_path=str(broken))
+    report = runner.run_selftest(timeout_s=CHECK_BUDGET_S, backend_path=str(broken))
     print(f"\n[selftest, {OBSERVABLE[0]}] {report.status}: {report.detail[:300]}")
     assert report.status == "failed"
     assert "wiring is WRONG" in report.detail
@@ -81,7 +79,7 @@ def test_c_a_wrong_native_wiring_fails_the_native_verdict_only(parts, tmp_path):
     (mutant,) = [m for m in WRONG if m.name == name]
     broken = tmp_path / "flashinfer_mla_backend.py"
     broken.write_text(mutate(Path(parts.backend.__file__).read_text(), mutant))
-    report = selftest.run_selftest(timeout_s=CHECK_BUDGET_S, backend_path=str(broken))
+    report = runner.run_selftest(timeout_s=CHECK_BUDGET_S, backend_path=str(broken))
     print(f"\n[selftest, {name}] {report.status}; native {report.native[:300]}")
     assert report.status == "passed", report.detail
     assert report.native.startswith("failed: native FP8 decode wiring is WRONG"), report.native

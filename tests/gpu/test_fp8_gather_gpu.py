@@ -20,7 +20,7 @@ pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch")
 
-from glmserve.patching import selftest  # noqa: E402
+from glmserve.selftest import runner  # noqa: E402
 
 D, CKV, KPE, HEADS = 576, 512, 64, 16
 SM_SCALE = 1.0 / math.sqrt(192 + 64)
@@ -29,10 +29,10 @@ DEV = torch.device("cuda")
 
 @pytest.fixture(scope="module")
 def kernel():
-    path = selftest.installed_kernel_path()
+    path = runner.installed_kernel_path()
     if path is None:
         pytest.skip("no patched SGLang (sglang/srt/layers/attention/fp8_kv_gather.py) on sys.path")
-    return selftest.load_kernel_module(path)
+    return runner.load_kernel_module(path)
 
 
 @pytest.fixture(scope="module")
@@ -189,15 +189,15 @@ def test_b_fa2_attention_patched_equals_upstream(kernel, flashinfer, bs, ctx, sh
 
 
 def test_b_selftest_passes_and_catches_off_by_one(tmp_path, kernel):
-    report = selftest.run_selftest(timeout_s=30)
+    report = runner.run_selftest(timeout_s=30)
     print(f"\n[selftest] {report.status}: {report.detail}")
     assert report.status == "passed", report.detail
-    source = selftest.installed_kernel_path().read_text()
+    source = runner.installed_kernel_path().read_text()
     old = "tl.load(idx_ptr + pos,"
     assert source.count(old) == 1
     broken = tmp_path / "fp8_kv_gather_off_by_one.py"
     broken.write_text(source.replace(old, "tl.load(idx_ptr + pos + 1,"))
-    caught = selftest.run_selftest(timeout_s=30, module_path=str(broken))
+    caught = runner.run_selftest(timeout_s=30, module_path=str(broken))
     print(f"[selftest, off-by-one kernel] {caught.status}: {caught.detail[:300]}")
     assert caught.status == "failed"
 

@@ -14,19 +14,19 @@ pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch")
 
-from glmserve.patching import selftest  # noqa: E402
+from glmserve.selftest import runner  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
 def patched_sglang():
-    path = selftest.installed_kernel_path()
+    path = runner.installed_kernel_path()
     if path is None or not (path.parent / "fp8_mla_decode.py").is_file():
         pytest.fail("no patched SGLang with fp8_mla_decode.py on sys.path")
 
 
 def test_native_verdict_passes_on_the_shipped_kernel(monkeypatch):
     monkeypatch.delenv("GLMSERVE_FP8_ATTENTION", raising=False)
-    report = selftest.run_selftest(timeout_s=30)
+    report = runner.run_selftest(timeout_s=30)
     print(f"\n[selftest] {report.status}; native {report.native}")
     assert report.status == "passed", report.detail
     assert report.native.startswith("passed: "), report.native
@@ -38,7 +38,7 @@ def test_both_decode_paths_are_timed_at_the_launchers_shape(monkeypatch):
     monkeypatch.delenv("GLMSERVE_FP8_ATTENTION", raising=False)
     monkeypatch.setenv("GLMSERVE_SELFTEST_HEADS", "8")
     monkeypatch.setenv("GLMSERVE_SELFTEST_DECODE_BATCHES", "1,64")
-    report = selftest.run_selftest(timeout_s=60)
+    report = runner.run_selftest(timeout_s=60)
     print(f"\n[selftest timing] {report.timing}")
     assert report.status == "passed", report.detail
     t = report.timing
@@ -51,7 +51,7 @@ def test_both_decode_paths_are_timed_at_the_launchers_shape(monkeypatch):
 
 def test_native_verdict_refuses_an_injected_fault_without_failing_the_gather(monkeypatch):
     monkeypatch.delenv("GLMSERVE_FP8_ATTENTION", raising=False)
-    report = selftest.run_selftest(timeout_s=30, native_fault="drop-last-token")
+    report = runner.run_selftest(timeout_s=30, native_fault="drop-last-token")
     print(f"\n[selftest, native fault] {report.status}; native {report.native[:300]}")
     assert report.status == "passed", report.detail
     assert report.native.startswith("failed: native FP8 decode is WRONG"), report.native
@@ -59,7 +59,7 @@ def test_native_verdict_refuses_an_injected_fault_without_failing_the_gather(mon
 
 def test_gather_mode_skips_the_native_check(monkeypatch):
     monkeypatch.setenv("GLMSERVE_FP8_ATTENTION", "gather")
-    report = selftest.run_selftest(timeout_s=30)
+    report = runner.run_selftest(timeout_s=30)
     assert report.status == "passed", report.detail
     assert report.native == "skipped: GLMSERVE_FP8_ATTENTION=gather"
     assert report.timing == {}  # nothing to choose between

@@ -21,8 +21,8 @@ pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch")
 
-from glmserve.patching import selftest  # noqa: E402
-from glmserve.patching.nativecheck import fp64_decode_attention  # noqa: E402
+from glmserve.selftest import runner  # noqa: E402
+from glmserve.selftest.nativecheck import fp64_decode_attention  # noqa: E402
 
 SM_SCALE = 1.0 / math.sqrt(192 + 64)
 DEV = torch.device("cuda")
@@ -30,10 +30,10 @@ DEV = torch.device("cuda")
 
 @pytest.fixture(scope="module")
 def native():
-    path = selftest.installed_kernel_path()
+    path = runner.installed_kernel_path()
     if path is None or not (path.parent / "fp8_mla_decode.py").is_file():
         pytest.fail("no patched SGLang with fp8_mla_decode.py on sys.path")
-    return selftest.load_kernel_module(path.parent / "fp8_mla_decode.py")
+    return runner.load_kernel_module(path.parent / "fp8_mla_decode.py")
 
 
 def pool_of(rows: int, gen: torch.Generator) -> torch.Tensor:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from glmserve.launch import host as host_mod
-from glmserve.patching import selftest
-from glmserve.patching.selftest import SelfTestReport
+from glmserve.selftest import runner
+from glmserve.selftest.runner import SelfTestReport
 
 
 def test_sglang_site_is_found_without_importing_it(tmp_path: Path, monkeypatch):
@@ -25,7 +25,7 @@ def test_selftest_crash_counts_as_failed(monkeypatch):
     def boom(timeout_s: float) -> SelfTestReport:
         raise RuntimeError("CUDA error: illegal instruction")
 
-    monkeypatch.setattr(selftest, "run_selftest", boom)
+    monkeypatch.setattr(runner, "run_selftest", boom)
     status, detail, native, timing = host_mod.run_selftest({})
     assert status == "failed" and "RuntimeError: CUDA error" in detail and native == ""
     assert timing == {}
@@ -35,7 +35,7 @@ def test_selftest_crash_counts_as_failed(monkeypatch):
 def test_selftest_report_is_passed_through(monkeypatch, status):
     timing = {"faster": "native", "native_us": [1.0], "gather_us": [2.0]}
     monkeypatch.setattr(
-        selftest,
+        runner,
         "run_selftest",
         lambda timeout_s: SelfTestReport(status, "why", "passed: ok", timing),
     )

@@ -19,10 +19,10 @@ import pytest
 from support.launch import GLM_FIXTURE, PINNED, PROFILES_DIR, REPO
 
 from glmserve.launch.sglang_argv import SERVER_ARGS_FILE
-from glmserve.patching import apply
-from glmserve.patching.errors import PatchError
-from glmserve.patching.series import load_lock
-from glmserve.patching.wheels import default_cache_dir, extract_site, fetch_wheel
+from glmserve.series import apply
+from glmserve.series.errors import PatchError
+from glmserve.series.lock import load_lock
+from glmserve.series.wheels import default_cache_dir, extract_site, fetch_wheel
 
 PATCHES = REPO / "patches"
 JSON_ARG = '{"num_hidden_layers": 78, "text": "two  spaces, a \\"quote\\" and $HOME"}'

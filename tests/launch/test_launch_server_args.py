@@ -23,8 +23,8 @@ from support.launch import PINNED, PROFILE_NAMES, PROFILES_DIR, pinned_sglang_pa
 
 from glmserve.launch.profiles import LAUNCHER_OWNED_FLAGS, parse_profile_file
 from glmserve.launch.sglang_argv import resolve
-from glmserve.patching.errors import PatchError
-from glmserve.patching.wheels import default_cache_dir, fetch_wheel
+from glmserve.series.errors import PatchError
+from glmserve.series.wheels import default_cache_dir, fetch_wheel
 
 SERVER_ARGS = "sglang/srt/server_args.py"
 VALUELESS_ACTIONS = {"store_true", "store_false", "store_const", "count", "help", "version"}

@@ -74,7 +74,7 @@ def test_preflight_passes_in_the_image(server_image: str) -> None:
     proc = docker_run(
         server_image,
         "-m",
-        "glmserve.patching.verify",
+        "glmserve.preflight",
         "--target",
         site,
         "--no-import",

@@ -27,8 +27,8 @@ H200 = Gpu(index=0, name="NVIDIA H200", capability=(9, 0))
 @functools.lru_cache(maxsize=1)
 def pinned_server_args_source() -> str:
     """The pinned SGLang's server_args.py, from its wheel (downloaded once into .cache/wheels)."""
-    from glmserve.patching.errors import PatchError
-    from glmserve.patching.wheels import fetch_wheel
+    from glmserve.series.errors import PatchError
+    from glmserve.series.wheels import fetch_wheel
     from support.policy import require
 
     try:

@@ -12,7 +12,7 @@ from typing import Any
 from glmserve.launch.errors import LaunchError, read_json
 from glmserve.launch.inventory import Gpu
 from glmserve.launch.profiles import Profile, flag_value
-from glmserve.patching.selftest import MIN_E4M3_CAPABILITY, capability_note
+from glmserve.selftest.runner import MIN_E4M3_CAPABILITY, capability_note
 
 ALLOW_ANY_ARCH_HINT = "--allow-any-arch (or GLMSERVE_ALLOW_ANY_ARCH=1)"
 

@@ -31,8 +31,8 @@ def sglang_site() -> Path | None:
 
 def detect_version(site: Path) -> str:
     """The installed SGLang version, read from files by the patch tool (never imported)."""
-    from glmserve.patching import PatchError
-    from glmserve.patching import detect_version as _detect
+    from glmserve.series import PatchError
+    from glmserve.series import detect_version as _detect
 
     try:
         return _detect(site)
@@ -42,21 +42,21 @@ def detect_version(site: Path) -> str:
 
 def read_marker(site: Path) -> dict[str, Any] | None:
     """The patch marker apply.py wrote into the package, or None when SGLang is unpatched."""
-    from glmserve.patching import read_marker as _read
+    from glmserve.series import read_marker as _read
 
     return _read(site)
 
 
 def interrupted_patch(site: Path) -> str | None:
     """One line when an apply or revert of the series was interrupted in this tree, else None."""
-    from glmserve.patching import interrupted
+    from glmserve.series import interrupted
 
     return interrupted(site)
 
 
 def preflight(site: Path) -> list[str]:
     """The patch tool's check of the patch's effect (AST only: the self-test runs the kernel)."""
-    from glmserve.patching.verify import preflight as _preflight
+    from glmserve.preflight.verify import preflight as _preflight
 
     return _preflight(site, import_gather=False)
 
@@ -72,7 +72,7 @@ def run_selftest(env: Mapping[str, str]) -> tuple[str, str, str, dict[str, Any]]
     """
     os.environ.update(env)
     try:
-        from glmserve.patching.selftest import run_selftest as _run
+        from glmserve.selftest.runner import run_selftest as _run
     except ImportError as exc:
         return "failed", f"self-test module not importable ({exc})", "", {}
     try:

@@ -1,5 +1,0 @@
-import sys
-
-from glmserve.patching.cli import main
-
-sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from glmserve.preflight.verify import main
+
+sys.exit(main())

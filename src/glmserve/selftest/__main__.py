@@ -1,0 +1,5 @@
+import sys
+
+from glmserve.selftest.runner import main
+
+sys.exit(main())

@@ -1,0 +1,149 @@
+"""Which FP8 decode path is faster on this GPU: native FP8 decode or gather-then-cast + FlashInfer.
+
+Part of the start-up self-test (GPU, torch): after both paths have proven correct, each is timed
+per layer on the box itself, the way the server runs decode (one CUDA graph holding several
+layers, each its own pool larger than L2, replayed; median), at the decode batch sizes the
+launcher passes in (1 and the largest captured batch) and the model's heads per rank. The
+launcher serves with the faster one unless an operator pinned ``GLMSERVE_FP8_ATTENTION``.
+
+We time on the target instead of trusting a table: the native kernel's launch configurations
+were measured on an H200 (SM90); on an RTX PRO 6000 (SM120) or a B200 (SM100) either path may
+win, and the server should not pay for our lab's choice.
+
+Environment (set by the launcher; the defaults suit a bare ``python -m
+glmserve.selftest``): ``GLMSERVE_SELFTEST_HEADS`` (heads per rank, default 16) and
+``GLMSERVE_SELFTEST_DECODE_BATCHES`` (comma-separated, default ``1,16``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+ENV_HEADS = "GLMSERVE_SELFTEST_HEADS"
+ENV_BATCHES = "GLMSERVE_SELFTEST_DECODE_BATCHES"
+DEFAULT_HEADS = 16
+DEFAULT_BATCHES = (1, 16)
+CONTEXT = 2048  # tokens per request: a typical decode context
+LAYERS = 4  # distinct pools per graph, so that L2 does not serve the second layer
+POOL_ROWS = 262_144  # 151 MB of FP8 rows per pool: several times an H200's or B200's L2
+REPLAYS = 25
+CKV, KPE = 512, 64
+SM_SCALE = 1.0 / math.sqrt(192 + KPE)  # GLM-5: qk_nope 192 + rope 64
+
+
+class TimingInputError(ValueError):
+    """GLMSERVE_SELFTEST_HEADS / _DECODE_BATCHES hold something that is not a positive int."""
+
+
+def _positive_ints(name: str, raw: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in raw.split(",") if v.strip())
+    except ValueError:
+        values = ()
+    if not values or any(v <= 0 for v in values):
+        raise TimingInputError(f"{name} must be positive integers (comma-separated), got {raw!r}")
+    return values
+
+
+def requested_shape(env: dict[str, str] | None = None) -> tuple[int, tuple[int, ...]]:
+    """(heads per rank, decode batch sizes) to time, from the environment."""
+    env = dict(os.environ) if env is None else env
+    heads = _positive_ints(ENV_HEADS, env.get(ENV_HEADS, str(DEFAULT_HEADS)))
+    if len(heads) != 1:
+        raise TimingInputError(f"{ENV_HEADS} must be one positive integer, got {heads}")
+    batches = _positive_ints(ENV_BATCHES, env.get(ENV_BATCHES, ",".join(map(str, DEFAULT_BATCHES))))
+    return heads[0], tuple(sorted(set(batches)))
+
+
+def faster_path(native_us: list[float], gather_us: list[float]) -> str:
+    """The path with the smaller total time over the timed batches (each batch weighs its µs,
+    so the loaded batch, where the time goes, counts most); ties go to native."""
+    return "native" if sum(native_us) <= sum(gather_us) else "gather"
+
+
+def time_decode_paths(
+    torch: Any,
+    flashinfer: Any,
+    gather: ModuleType,
+    native: ModuleType,
+    device: Any,
+    heads: int,
+    batches: tuple[int, ...],
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Per-layer µs of both decode paths at each batch, and which is faster."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    pools = [
+        torch.randn((POOL_ROWS, 1, CKV + KPE), device=device, generator=gen).to(torch.float8_e4m3fn)
+        for _ in range(LAYERS)
+    ]
+    shadow = torch.empty(pools[0].shape, dtype=torch.bfloat16, device=device)
+    rows = torch.zeros(1, dtype=torch.int32, device=device)
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device=device)
+    result: dict[str, Any] = {
+        "heads": heads, "context": CONTEXT, "batches": list(batches),
+        "native_us": [], "gather_us": [],
+    }  # fmt: skip
+    for batch in batches:
+        indptr = torch.arange(batch + 1, dtype=torch.int32, device=device) * CONTEXT
+        idx = torch.randint(0, POOL_ROWS, (batch * CONTEXT,), dtype=torch.int32, device=device,
+                            generator=gen)  # fmt: skip
+        q = torch.randn(batch, heads, CKV, device=device, generator=gen).bfloat16()
+        q_pe = torch.randn(batch, heads, KPE, device=device, generator=gen).bfloat16()
+        out = torch.empty_like(q)
+        rows.fill_(batch * CONTEXT)
+        # What SGLang's decode wrapper runs: FlashInfer's "auto" backend (fa3 on SM90, fa2
+        # where fa3 does not exist).
+        wrapper = flashinfer.mla.BatchMLAPagedAttentionWrapper(workspace, backend="auto")
+        qo = torch.arange(batch + 1, dtype=torch.int32, device=device)
+        wrapper.plan(qo, indptr, idx, indptr[1:] - indptr[:-1], heads, CKV, KPE, 1, False,
+                     SM_SCALE, torch.bfloat16, torch.bfloat16)  # fmt: skip
+
+        def native_step(q=q, q_pe=q_pe, out=out, indptr=indptr, idx=idx):
+            for pool in pools:
+                native.mla_decode_fp8(q, q_pe, pool, indptr, idx, SM_SCALE, out)
+
+        def gather_step(q=q, q_pe=q_pe, out=out, idx=idx, wrapper=wrapper):
+            for pool in pools:
+                kv = gather.gather_cast(pool, idx, rows, shadow)
+                wrapper.run(q, q_pe, kv[:, :, :CKV], kv[:, :, CKV:], out=out)
+
+        result["native_us"].append(round(graph_us(torch, native_step) / LAYERS, 2))
+        result["gather_us"].append(round(graph_us(torch, gather_step) / LAYERS, 2))
+    result["faster"] = faster_path(result["native_us"], result["gather_us"])
+    return result
+
+
+def graph_us(torch: Any, step: Callable[[], None]) -> float:
+    """Median µs of replaying one CUDA graph of `step` (captured after an eager warm-up)."""
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(REPLAYS):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def summary(timing: dict[str, Any]) -> str:
+    """One line: each batch's µs per layer for both paths, and the faster one."""
+    cells = [
+        f"batch {b}: native {n:.1f} µs, gather {g:.1f} µs"
+        for b, n, g in zip(timing["batches"], timing["native_us"], timing["gather_us"], strict=True)
+    ]
+    return (
+        f"{timing['heads']} heads, {timing['context']} tokens per request, per layer: "
+        + "; ".join(cells) + f"; faster: {timing['faster']}"
+    )  # fmt: skip

@@ -1,0 +1,5 @@
+import sys
+
+from glmserve.series.cli import main
+
+sys.exit(main())

@@ -1,0 +1,178 @@
+"""Edit the patch as real files, then regenerate the diff from them (never edit hunks or sed).
+
+    python -m glmserve.series.workspace open DIR   # DIR/a: pristine wheel files, DIR/b: patched
+    ...edit the files under DIR/b/sglang/ (and run what you can on them)...
+    python -m glmserve.series.workspace diff DIR   # git diff a/ b/ -> patches/<source>/0001-*.patch
+    python -m glmserve.series.regen                # re-verify every version's wheel, rewrite the lock
+
+`open` extracts every file the source series touches from the wheel the source was made against
+(the source directory's name is that SGLang version) into `a/`, and the same files with the
+current series applied by the real apply tool into `b/`, so `b/` is byte for byte what ships.
+`diff` writes `git diff --no-index --no-prefix a/sglang b/sglang` (git's configuration ignored,
+so every machine writes the same bytes) under the old patch's preamble, after checking that the
+strict applier turns `a/` into exactly `b/` with it. With no edit, `diff` reproduces the committed
+patch byte for byte (tested), so the diff in `patches/` is provably the diff of real files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from glmserve.series.engine import apply
+from glmserve.series.errors import PatchError
+from glmserve.series.lock import MARKER_REL, default_patches_dir, load_series, read_optional
+from glmserve.series.regen import read_sources
+from glmserve.series.udiff import apply_file_patch, parse_patch
+from glmserve.series.wheels import default_cache_dir, extract_site, fetch_wheel
+
+STATE_NAME = ".glmserve-workspace.json"
+DIFF_START = b"diff --git "
+# Deterministic git output whatever the user's config says (prefixes, renames, colour, algorithm).
+GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "LC_ALL": "C"}
+GIT_DIFF = (
+    "git",
+    "diff",
+    "--no-index",
+    "--no-prefix",
+    "--no-color",
+    "--no-renames",
+    "--no-ext-diff",
+    "--no-textconv",
+    "--diff-algorithm=myers",
+)
+
+
+def open_workspace(
+    workdir: Path,
+    patches_dir: Path,
+    source: str,
+    cache_dir: Path | None = None,
+    *,
+    download: bool = True,
+) -> Path:
+    """Create `workdir` with a/ (pristine) and b/ (series applied); refuses a non-empty one."""
+    if workdir.exists() and any(workdir.iterdir()):
+        raise PatchError(f"{workdir} exists and is not empty; pick a new directory")
+    series = load_series(patches_dir, source)
+    if series.source != source:
+        raise PatchError(f"{source} is not a source series (it uses {series.source})")
+    wheel = fetch_wheel(source, cache_dir or default_cache_dir(), download=download)
+    existing = sorted(p for p, h in series.files.items() if h.before is not None)
+    for side in ("a", "b"):
+        extract_site(wheel, workdir / side, existing)
+    apply(workdir / "b", patches_dir)
+    (workdir / "b" / MARKER_REL).unlink()  # apply's bookkeeping, not part of the diff
+    _drop_bytecode(workdir)
+    state = {"source": source, "patches": [name for name, _ in series.patches]}
+    (workdir / STATE_NAME).write_text(json.dumps(state, indent=2) + "\n")
+    return workdir
+
+
+def _drop_bytecode(workdir: Path) -> None:
+    """Bytecode (apply's, or from trying the edited files) would become binary hunks."""
+    for side in ("a", "b"):
+        for cache in sorted((workdir / side).rglob("__pycache__")):
+            shutil.rmtree(cache)
+
+
+def _git_diff(workdir: Path) -> bytes:
+    _drop_bytecode(workdir)
+    try:
+        proc = subprocess.run(
+            [*GIT_DIFF, "a/sglang", "b/sglang"],
+            cwd=workdir,
+            capture_output=True,
+            env={**os.environ, **GIT_ENV},
+            timeout=120,
+        )
+    except FileNotFoundError:
+        raise PatchError("git is needed to write the diff (git diff --no-index)") from None
+    if proc.returncode not in (0, 1):  # 1 means "the trees differ", the usual case
+        tail = (proc.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+        raise PatchError(f"git diff failed: {tail}")
+    return proc.stdout
+
+
+def workspace_diff(workdir: Path, patches_dir: Path) -> tuple[Path, bool]:
+    """Write the diff of `workdir` into its source series; (patch path, whether it changed)."""
+    try:
+        state = json.loads((workdir / STATE_NAME).read_text())
+        source, names = str(state["source"]), list(state["patches"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise PatchError(f"{workdir} is not a work area made by `open`") from None
+    if len(names) != 1:
+        raise PatchError(
+            f"series {source} has {len(names)} patches; a work area diff is one patch, "
+            "so split the edits by hand into their own work areas"
+        )
+    target = patches_dir / source / names[0]
+    old = read_optional(target)
+    if old is None:
+        raise PatchError(f"{target} does not exist")
+    body = _git_diff(workdir)
+    if not body:
+        raise PatchError(f"a/ and b/ in {workdir} are identical: the patch would be empty")
+    new = old[: old.index(DIFF_START)] if DIFF_START in old else b""
+    new += body
+    # The strict applier must turn every a/ file into its b/ file with exactly these bytes.
+    for fp in parse_patch(new, target.name):
+        before = read_optional(workdir / "a" / fp.path)
+        result = apply_file_patch(before, fp, target.name)
+        if result != read_optional(workdir / "b" / fp.path):
+            raise PatchError(f"{fp.path}: the diff does not reproduce b/ (report this)")
+    changed = new != old
+    if changed:
+        target.write_bytes(new)
+    return target, changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    prog = "python -m glmserve.series.workspace"
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    op = sub.add_parser("open", help="make DIR/a (pristine) and DIR/b (the series applied)")
+    op.add_argument("dir", type=Path)
+    op.add_argument("--series", default=None, help="source series (default: the only one)")
+    op.add_argument("--wheels", type=Path, default=None, help="wheel cache (.cache/wheels)")
+    op.add_argument("--offline", action="store_true", help="never download the wheel")
+    df = sub.add_parser("diff", help="write git diff a/ b/ into the source series' patch")
+    df.add_argument("dir", type=Path)
+    for p in (op, df):
+        p.add_argument("--patches", type=Path, default=None, help="default: this checkout's")
+    args = parser.parse_args(argv)
+    patches_dir = args.patches or default_patches_dir()
+    if patches_dir is None or not patches_dir.is_dir():
+        print(f"{prog}: error: no patch series directory; pass --patches", file=sys.stderr)
+        return 2
+    try:
+        if args.command == "open":
+            source = args.series or _only_source(patches_dir)
+            open_workspace(args.dir, patches_dir, source, args.wheels, download=not args.offline)
+            print(f"{prog}: {args.dir}/a pristine SGLang {source}, {args.dir}/b patched; edit b/")
+        else:
+            target, changed = workspace_diff(args.dir, patches_dir)
+            if not changed:
+                print(f"{prog}: {target} is unchanged")
+            else:
+                print(f"{prog}: wrote {target}; now run python -m glmserve.series.regen")
+    except PatchError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _only_source(patches_dir: Path) -> str:
+    sources = sorted(set(read_sources(patches_dir).values()))
+    if len(sources) != 1:
+        raise PatchError(f"several source series ({', '.join(sources)}); pass --series")
+    return sources[0]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

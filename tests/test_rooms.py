@@ -1,0 +1,60 @@
+"""The patch code's three rooms keep their walls: the series tool runs at image build time with
+the stdlib alone (no torch, nothing from the rooms built on it), and the self-test, which runs
+on the GPU, takes nothing from the preflight."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def imported_modules(room: str) -> dict[str, set[str]]:
+    """module file -> every module it imports (top level or inside functions), by full name."""
+    out: dict[str, set[str]] = {}
+    for path in sorted((SRC / "glmserve" / room).rglob("*.py")):
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names.add(node.module)
+                names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        out[str(path.relative_to(SRC))] = names
+    return out
+
+
+def offenders(room: str, allowed) -> list[str]:
+    return [
+        f"{path} imports {name}"
+        for path, names in imported_modules(room).items()
+        for name in sorted(names)
+        if not allowed(name)
+    ]
+
+
+def test_series_tool_is_stdlib_only() -> None:
+    def allowed(name: str) -> bool:
+        top = name.split(".")[0]
+        if top == "glmserve":
+            return name == "glmserve.series" or name.startswith("glmserve.series.")
+        return top in sys.stdlib_module_names or top == "__future__"
+
+    assert offenders("series", allowed) == []
+
+
+def test_selftest_takes_nothing_from_the_preflight() -> None:
+    def allowed(name: str) -> bool:
+        return not (name == "glmserve.preflight" or name.startswith("glmserve.preflight."))
+
+    assert offenders("selftest", allowed) == []
+
+
+@pytest.mark.parametrize("room", ["series", "preflight", "selftest"])
+def test_each_room_says_what_it_is(room: str) -> None:
+    doc = ast.get_docstring(ast.parse((SRC / "glmserve" / room / "__init__.py").read_text()))
+    assert doc and len(doc.splitlines()) <= 12, f"glmserve.{room} needs a short docstring"
