@@ -5,6 +5,7 @@ on the GPU, takes nothing from the preflight."""
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -58,3 +59,22 @@ def test_selftest_takes_nothing_from_the_preflight() -> None:
 def test_each_room_says_what_it_is(room: str) -> None:
     doc = ast.get_docstring(ast.parse((SRC / "glmserve" / room / "__init__.py").read_text()))
     assert doc and len(doc.splitlines()) <= 12, f"glmserve.{room} needs a short docstring"
+
+
+@pytest.mark.parametrize(
+    ("old", "usage"),
+    [
+        ("glmserve.patching", "usage: glmserve-patch "),  # the CLI of python -m glmserve.series
+        ("glmserve.patching.verify", "usage: python -m glmserve.preflight "),
+        ("glmserve.patching.selftest", "usage: python -m glmserve.selftest "),
+        ("glmserve.patching.regen", "usage: python -m glmserve.series.regen "),
+        ("glmserve.patching.workspace", "usage: python -m glmserve.series.workspace "),
+    ],
+)
+def test_old_entry_points_still_run(old: str, usage: str) -> None:
+    """Scripts and habits that still say `python -m glmserve.patching.X` get the new room's CLI."""
+    proc = subprocess.run(
+        [sys.executable, "-m", old, "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(usage), proc.stdout
