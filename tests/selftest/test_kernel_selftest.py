@@ -139,6 +139,7 @@ def test_the_timing_shape_comes_from_the_launcher_and_bad_values_are_refused():
     """Heads per rank and decode batches: the launcher's values, deduplicated and sorted; the
     defaults without them; one clear error for anything but positive integers."""
     from glmserve.selftest import pathtiming
+    from glmserve.switches import SwitchError
 
     assert pathtiming.requested_shape({}) == (16, (1, 16))
     env = {"GLMSERVE_SELFTEST_HEADS": "8", "GLMSERVE_SELFTEST_DECODE_BATCHES": "64,1,64"}
@@ -146,7 +147,7 @@ def test_the_timing_shape_comes_from_the_launcher_and_bad_values_are_refused():
     for bad in ({"GLMSERVE_SELFTEST_HEADS": "0"}, {"GLMSERVE_SELFTEST_HEADS": "8,16"},
                 {"GLMSERVE_SELFTEST_DECODE_BATCHES": "1,x"},
                 {"GLMSERVE_SELFTEST_DECODE_BATCHES": ""}):  # fmt: skip
-        with pytest.raises(pathtiming.TimingInputError, match="GLMSERVE_SELFTEST_"):
+        with pytest.raises(SwitchError, match="GLMSERVE_SELFTEST_"):
             pathtiming.requested_shape(bad)
     # The faster path is the one with the smaller total over the timed batches; ties: native.
     assert pathtiming.faster_path([10.0, 70.0], [17.0, 150.0]) == "native"

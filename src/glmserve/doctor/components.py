@@ -80,7 +80,7 @@ def launcher(environ: Mapping[str, Any]) -> str | None:
         # Compose gives the launcher no options, only this environment: its parser's defaults.
         resolve_inputs(_parser().parse_args([]), [], profile, env)
         checks.fp8_gather_state(env)
-        checks.fp8_attention_mode(env)
+        checks.fp8_attention_request(env)
     except LaunchError as exc:
         return f"{PROG}: error: {exc}"
     return None

@@ -15,8 +15,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+from glmserve import buildinfo
 from glmserve.fleet.router import ROUTER_VERSION, router_argv
 from glmserve.fleet.spec import FleetSpec, exporter_addresses, target_files, write_atomically
+from glmserve.launch.cli import ENV_INPUTS
+
+PROFILE = ENV_INPUTS["profile"]
 
 ROUTER_IMAGE = f"glmserve/router:0.1.0-smg{ROUTER_VERSION}"
 # Where the generated Prometheus targets are mounted (monitoring/prometheus/prometheus-fleet.yml).
@@ -83,10 +87,10 @@ def _replica(spec: FleetSpec, index: int) -> dict[str, Any]:
         "extends": {"file": "compose.yaml", "service": "sglang"},
         "profiles": Override(["fleet"]),
         "environment": {
-            "GLMSERVE_PROFILE": spec.profile or "${GLMSERVE_PROFILE:-glm5-nvfp4-b200-tp4}",
-            "GLMSERVE_TP": str(len(w.gpus)),
-            "GLMSERVE_PORT": str(w.port),
-            "GLMSERVE_BUILD_INFO": build_info,
+            PROFILE: spec.profile or f"${{{PROFILE}:-glm5-nvfp4-b200-tp4}}",
+            ENV_INPUTS["tp"]: str(len(w.gpus)),
+            ENV_INPUTS["port"]: str(w.port),
+            ENV_INPUTS["build_info"]: build_info,
         },
         "deploy": Override(
             {
@@ -131,7 +135,7 @@ def compose_override(spec: FleetSpec, targets_dir: str) -> dict[str, Any]:
             "healthcheck": {"test": _py_health(f"http://{exporters[w.url]}/metrics")},
         }
         if w.local:
-            service["environment"] = {"GLMSERVE_BUILD_INFO": f"/run/glmserve/{w.name}.json"}
+            service["environment"] = {buildinfo.ENV_VAR: f"/run/glmserve/{w.name}.json"}
             service["depends_on"] = {w.name: {"condition": "service_started"}}
         services[f"exporter-{w.name}"] = service
     model = TINY_MODEL if spec.emulated else "${MODEL_DIR:-./models/GLM-5-NVFP4}"

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from glmserve import switches
 from glmserve.launch.errors import LaunchError, read_json
 from glmserve.launch.inventory import Gpu
 from glmserve.launch.profiles import Profile, flag_value
@@ -201,38 +202,19 @@ def fp8_gather_unsupported(gpus: Sequence[Gpu]) -> str | None:
 
 def fp8_gather_state(env: Mapping[str, str]) -> str:
     """'on' or 'off' for the build info, from the switch the patched SGLang reads."""
-    raw = env.get("GLMSERVE_FP8_GATHER", "1").strip()
-    if raw not in ("0", "1"):
-        raise LaunchError(
-            f"GLMSERVE_FP8_GATHER={raw!r} must be 1 (gather, default) or 0 (upstream)"
-        )
-    return "on" if raw == "1" else "off"
-
-
-FP8_ATTENTION = "GLMSERVE_FP8_ATTENTION"
-FP8_ATTENTION_MODES = ("native", "gather")
-FP8_ATTENTION_AUTO = "auto"  # unset or empty: the box times both and serves the faster
+    try:
+        return "on" if switches.fp8_gather_on(env) else "off"
+    except switches.SwitchError as exc:
+        raise LaunchError(str(exc)) from None
 
 
 def fp8_attention_request(env: Mapping[str, str]) -> str:
-    """What the deployment asks of the FP8 decode path: 'native' or 'gather' (pinned), or
-    'auto' (unset or empty: the self-test times both on this GPU, the faster serves)."""
-    raw = env.get(FP8_ATTENTION, "").strip().lower()
-    if raw in ("", FP8_ATTENTION_AUTO):
-        return FP8_ATTENTION_AUTO
-    if raw not in FP8_ATTENTION_MODES:
-        raise LaunchError(
-            f"{FP8_ATTENTION}={raw!r} must be native (the FP8 decode kernel), gather "
-            "(gather-then-cast + FlashInfer), or empty/auto (the faster of the two on this GPU)"
-        )
-    return raw
-
-
-def fp8_attention_mode(env: Mapping[str, str]) -> str:
-    """The decode path the patched backend takes when nothing was timed: the request, and
-    native where the request is auto."""
-    request = fp8_attention_request(env)
-    return "native" if request == FP8_ATTENTION_AUTO else request
+    """What the deployment asks of the FP8 decode path: native or gather (pinned), or auto
+    (unset or empty: the self-test times both on this GPU, the faster serves)."""
+    try:
+        return switches.fp8_attention_request(env)
+    except switches.SwitchError as exc:
+        raise LaunchError(str(exc)) from None
 
 
 def choose_fp8_attention(
@@ -245,9 +227,9 @@ def choose_fp8_attention(
     nothing was timed."""
     if native_verdict.startswith("failed"):
         return "gather", "native FP8 decode failed its self-test"
-    if request in FP8_ATTENTION_MODES:
-        return request, f"pinned by {FP8_ATTENTION}={request}"
-    if timing.get("faster") in FP8_ATTENTION_MODES:
+    if request in switches.FP8_PATHS:
+        return request, f"pinned by {switches.FP8_ATTENTION.name}={request}"
+    if timing.get("faster") in switches.FP8_PATHS:
         native_us, gather_us = sum(timing["native_us"]), sum(timing["gather_us"])
         return str(timing["faster"]), (
             f"faster on this GPU: native {native_us:.1f} µs vs gather {gather_us:.1f} µs per "
@@ -266,10 +248,10 @@ def decode_timing_env(
     env = {}
     heads = model_config.get("num_attention_heads")
     if isinstance(heads, int) and heads > 0 and tp > 0:
-        env["GLMSERVE_SELFTEST_HEADS"] = str(max(1, heads // tp))
+        env.update(switches.SELFTEST_HEADS.setting([max(1, heads // tp)]))
     max_bs = flag_value(argv, "--cuda-graph-max-bs")
-    batches = ["1", max_bs if max_bs and max_bs.isdigit() and int(max_bs) > 0 else "64"]
-    env["GLMSERVE_SELFTEST_DECODE_BATCHES"] = ",".join(batches)
+    batches = [1, int(max_bs) if max_bs and max_bs.isdigit() and int(max_bs) > 0 else 64]
+    env.update(switches.SELFTEST_DECODE_BATCHES.setting(batches))
     return env
 
 

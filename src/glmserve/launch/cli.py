@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from glmserve import buildinfo
+from glmserve import buildinfo, switches
 from glmserve.launch import checks, fit, sglang_argv
 from glmserve.launch.errors import LaunchError
 from glmserve.launch.host import Host
@@ -456,13 +456,13 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
 
     # --- start sequence ---
     fp8_why = (
-        f"pinned by {checks.FP8_ATTENTION}={fp8_request}"
-        if fp8_request in checks.FP8_ATTENTION_MODES
+        f"pinned by {switches.FP8_ATTENTION.name}={fp8_request}"
+        if fp8_request in switches.FP8_PATHS
         else "default (not timed)"
     )
     fp8_timing: dict[str, Any] = {}
     # SGLang reads one of the two paths: the default (native) until the self-test decides.
-    plan.env[checks.FP8_ATTENTION] = checks.fp8_attention_mode(plan.env)
+    plan.env.update(switches.FP8_ATTENTION.setting(switches.fp8_attention_path(plan.env)))
     for warning in warnings:
         print(f"{PROG}: warning: {warning}", file=err)
     if not patched_path:
@@ -490,10 +490,12 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
             chosen, fp8_why = checks.choose_fp8_attention(fp8_request, native, timing)
             if native.startswith("failed"):
                 # The gather path has just been proven bit-identical; serve on it, not refuse.
-                print(f"{PROG}: serving with {checks.FP8_ATTENTION}=gather instead", file=err)
+                print(
+                    f"{PROG}: serving with {switches.FP8_ATTENTION.name}=gather instead", file=err
+                )
             else:
                 print(f"{PROG}: FP8 decode path {chosen}: {fp8_why}", file=err)
-            plan.env[checks.FP8_ATTENTION] = chosen
+            plan.env.update(switches.FP8_ATTENTION.setting(chosen))
             fp8_timing = timing
     buildinfo.clear_launch_error(inputs.build_info)  # a previous refusal no longer holds
     buildinfo.write_build_info(
@@ -508,7 +510,7 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
             # The decode path the patched backend takes (empty where the patch does not run),
             # what was asked of it (native, gather, or auto: the faster here), why it runs,
             # and both paths' µs per layer where the self-test timed them.
-            "fp8_attention": checks.fp8_attention_mode(plan.env) if fp8_gather == "on" else "",
+            "fp8_attention": switches.fp8_attention_path(plan.env) if fp8_gather == "on" else "",
             "fp8_attention_requested": fp8_request if fp8_gather == "on" else "",
             "fp8_attention_why": fp8_why if fp8_gather == "on" else "",
             "fp8_attention_timing": fp8_timing if fp8_gather == "on" else {},

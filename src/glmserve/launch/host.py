@@ -67,7 +67,7 @@ def run_selftest(env: Mapping[str, str]) -> tuple[str, str, str, dict[str, Any]]
     to prevent. `native` is the native FP8 decode kernel's own verdict ("" when it was not
     checked); `timing` both decode paths timed on this GPU ({} when not timed).
 
-    The self-test reads os.environ (GLMSERVE_FP8_GATHER) and hands it to its child, so it gets the
+    The self-test reads os.environ (the FP8 switches) and hands it to its child, so it gets the
     environment the server will get; this process is replaced by exec right after anyway.
     """
     os.environ.update(env)

@@ -31,7 +31,7 @@ Value = tuple
 
 # The series' own API, as the rules know it (rules.py): the gather object's methods, and the
 # native decode module's kernel and per-backend plan record.
-GATHER = "gather"  # switch: the object from fp8_kv_gather's factory (None: GLMSERVE_FP8_GATHER=0)
+GATHER = "gather"  # switch: the object from fp8_kv_gather's factory (None: the series switched off)
 NATIVE = "native"  # switch: the object from fp8_mla_decode's factory (None: gather decode)
 GATHER_CAST = "cast"
 GATHER_NOTE = "note_rows"

@@ -4,10 +4,10 @@
 
 The lock's hashes guarantee the shipped series; these rules are what must refuse a wrong NEW
 series (a port to another SGLang version). They are stated on data flow, found by running every
-path of the file symbolically (flow.py) in each configuration the switches allow: the series on
-with native FP8 decode (GLMSERVE_FP8_ATTENTION=native, the default), the series on with
-gather-then-cast decode (=gather, or a model/GPU native rules out), and the series off
-(GLMSERVE_FP8_GATHER=0).
+path of the file symbolically (flow.py) in each configuration the switches (glmserve.switches)
+allow: the series on with native FP8 decode (FP8_ATTENTION native, the patched module's
+default), the series on with gather-then-cast decode (gather, or a model/GPU native rules out),
+and the series off (FP8_GATHER 0).
 
   kv-source        the KV each `<wrapper>.run(...)` on a forward path reads is the gather's
                    output for THAT wrapper's own index buffer, converted from the same pool the
@@ -33,6 +33,7 @@ import ast
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from glmserve import switches
 from glmserve.preflight.flow import (
     GATHER,
     NATIVE,
@@ -49,8 +50,8 @@ from glmserve.preflight.flow import (
 
 GATHER_MODULE = "sglang.srt.layers.attention.fp8_kv_gather"
 NATIVE_MODULE = "sglang.srt.layers.attention.fp8_mla_decode"
-ENV_SWITCH = "GLMSERVE_FP8_GATHER"
-ENV_MODE = "GLMSERVE_FP8_ATTENTION"
+ENV_SWITCH = switches.FP8_GATHER.name
+ENV_MODE = switches.FP8_ATTENTION.name
 FORWARD_METHODS = ("forward_decode", "forward_extend")
 # run(q_nope, q_pe, ckv_cache, kpe_cache, ...) in every FlashInfer release we know;
 # newer ones also take kv_cache=(ckv, kpe) or a packed tensor.
@@ -75,9 +76,19 @@ class Config:
         return hash(self.name)
 
 
-NATIVE_ON = Config("native", {GATHER: True, NATIVE: True}, {ENV_SWITCH: "1", ENV_MODE: "native"})
-GATHER_ON = Config("gather", {GATHER: True, NATIVE: False}, {ENV_SWITCH: "1", ENV_MODE: "gather"})
-SERIES_OFF = Config("off", {GATHER: False, NATIVE: False}, {ENV_SWITCH: "0", ENV_MODE: "native"})
+def _env(gather: str, mode: str) -> dict[str, str]:
+    return {**switches.FP8_GATHER.setting(gather), **switches.FP8_ATTENTION.setting(mode)}
+
+
+NATIVE_ON = Config(
+    "native", {GATHER: True, NATIVE: True}, _env(switches.GATHER_ON, switches.NATIVE)
+)
+GATHER_ON = Config(
+    "gather", {GATHER: True, NATIVE: False}, _env(switches.GATHER_ON, switches.GATHER)
+)
+SERIES_OFF = Config(
+    "off", {GATHER: False, NATIVE: False}, _env(switches.GATHER_OFF, switches.NATIVE)
+)
 SWITCH_TEXT = {
     GATHER: f"{ENV_SWITCH}=0 makes the gather object None",
     NATIVE: f"{ENV_MODE}=gather (or {ENV_SWITCH}=0) makes the native decode object None",

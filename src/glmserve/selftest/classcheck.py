@@ -1,9 +1,9 @@
 """Self-test through the live wiring: the PATCHED `FlashInferMLAAttnBackend` itself, against the
-same class with `GLMSERVE_FP8_GATHER=0` (the upstream full cast): bit for bit where the patch
-runs gather-then-cast, and against fp64 where decode runs the native FP8 kernel
-(`GLMSERVE_FP8_ATTENTION=native`, not bit-identical by design).
+same class with the series switched off (`switches.FP8_GATHER` 0, the upstream full cast): bit
+for bit where the patch runs gather-then-cast, and against fp64 where decode runs the native FP8
+kernel (`switches.FP8_ATTENTION` native, not bit-identical by design).
 
-The kernel self-test (selftest.py) proves the gather kernel with hand-set counts. This proves the
+The kernel self-test (runner.py) proves the gather kernel with hand-set counts. This proves the
 wiring around it: `note_rows` at every plan, the wrapper's own index buffer handed to the gather,
 the shared shadow, the plan record native decode reads, and SGLang's own CUDA-graph capture and
 fast replay plan. It builds the smallest faithful harness SGLang 0.5.12.post1 lets us build (it
@@ -42,8 +42,8 @@ from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
-ENV_SWITCH = "GLMSERVE_FP8_GATHER"
-ENV_MODE = "GLMSERVE_FP8_ATTENTION"  # decode: native (the series' FP8 kernel) or gather
+from glmserve.switches import FP8_ATTENTION, FP8_GATHER, GATHER_OFF, GATHER_ON
+
 BACKEND_MODULE = "sglang.srt.layers.attention.flashinfer_mla_backend"
 GATHER_MODULE = "sglang.srt.layers.attention.fp8_kv_gather"
 CKV, KPE = 512, 64
@@ -211,7 +211,10 @@ def _load_file(name: str, path: Path) -> ModuleType:
 
 @contextlib.contextmanager
 def _switch(enabled: bool, mode: str) -> Iterator[None]:
-    wanted = {ENV_SWITCH: "1" if enabled else "0", ENV_MODE: mode}
+    wanted = {
+        **FP8_GATHER.setting(GATHER_ON if enabled else GATHER_OFF),
+        **FP8_ATTENTION.setting(mode),
+    }
     old = {name: os.environ.get(name) for name in wanted}
     os.environ.update(wanted)
     try:
@@ -295,13 +298,13 @@ def _make_backend(world: _World, enabled: bool, mode: str) -> Any:
     has_state = getattr(backend, "fp8_gather", None) is not None
     if has_state != enabled:
         raise WiringFailure(
-            f"{ENV_SWITCH}={int(enabled)}: the backend's gather state is "
+            f"{FP8_GATHER.name}={int(enabled)}: the backend's gather state is "
             f"{'present' if has_state else 'absent'}"
         )
     native = getattr(backend, "fp8_native", None) is not None
     if native != (enabled and mode == "native"):
         raise WiringFailure(
-            f"{ENV_SWITCH}={int(enabled)} {ENV_MODE}={mode}: native decode is "
+            f"{FP8_GATHER.name}={int(enabled)} {FP8_ATTENTION.name}={mode}: native decode is "
             f"{'on' if native else 'off'} on an FP8 pool with 512+64 MLA dims"
         )
     return backend
@@ -454,7 +457,7 @@ def _case_decode(world: _World, patched: Any, upstream: Any) -> None:
         if ran != wanted:
             raise WiringFailure(
                 f"eager decode: the native kernel ran {ran} times for {len(world.layers)} layers "
-                f"with {ENV_MODE}={world.mode} ({'upstream' if backend is upstream else 'patched'})"
+                f"with {FP8_ATTENTION.name}={world.mode} ({'upstream' if backend is upstream else 'patched'})"
             )
     _judge(world, "eager decode", fb, qs, *results)
     world.lines.append(f"eager decode ({sum(geo.decode_lens)} slots, shared prefix, last row)")

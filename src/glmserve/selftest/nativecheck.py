@@ -10,7 +10,7 @@ one CUDA graph is captured once and replayed with other lengths and slots.
 `inject` names a deliberate fault (used to show the check refuses a wrong kernel):
   drop-last-token  each request attends to one slot fewer than it should.
 Run by glmserve.selftest in its GPU child; a failure there switches the server to
-the gather path (GLMSERVE_FP8_ATTENTION=gather) instead of refusing to serve.
+the gather path (glmserve.switches.FP8_ATTENTION) instead of refusing to serve.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from types import ModuleType
 from typing import Any
 
 NATIVE_REL = Path("srt", "layers", "attention", "fp8_mla_decode.py")
-ENV_MODE = "GLMSERVE_FP8_ATTENTION"
 FAULTS = ("drop-last-token",)
 BAR = 1.5
 BF16_ROUNDING = 2.0**-8  # rounding a vector to bf16 can cost this much of its norm

@@ -4,15 +4,16 @@ Part of the start-up self-test (GPU, torch): after both paths have proven correc
 per layer on the box itself, the way the server runs decode (one CUDA graph holding several
 layers, each its own pool larger than L2, replayed; median), at the decode batch sizes the
 launcher passes in (1 and the largest captured batch) and the model's heads per rank. The
-launcher serves with the faster one unless an operator pinned ``GLMSERVE_FP8_ATTENTION``.
+launcher serves with the faster one unless an operator pinned the path
+(``glmserve.switches.FP8_ATTENTION``).
 
 We time on the target instead of trusting a table: the native kernel's launch configurations
 were measured on an H200 (SM90); on an RTX PRO 6000 (SM120) or a B200 (SM100) either path may
 win, and the server should not pay for our lab's choice.
 
-Environment (set by the launcher; the defaults suit a bare ``python -m
-glmserve.selftest``): ``GLMSERVE_SELFTEST_HEADS`` (heads per rank, default 16) and
-``GLMSERVE_SELFTEST_DECODE_BATCHES`` (comma-separated, default ``1,16``).
+The shape comes from the environment (set by the launcher; the defaults suit a bare ``python -m
+glmserve.selftest``): ``glmserve.switches.SELFTEST_HEADS`` (heads per rank, default 16) and
+``SELFTEST_DECODE_BATCHES`` (default 1 and 16).
 """
 
 from __future__ import annotations
@@ -24,10 +25,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-ENV_HEADS = "GLMSERVE_SELFTEST_HEADS"
-ENV_BATCHES = "GLMSERVE_SELFTEST_DECODE_BATCHES"
-DEFAULT_HEADS = 16
-DEFAULT_BATCHES = (1, 16)
+from glmserve.switches import SELFTEST_DECODE_BATCHES, SELFTEST_HEADS
+
 CONTEXT = 2048  # tokens per request: a typical decode context
 LAYERS = 4  # distinct pools per graph, so that L2 does not serve the second layer
 POOL_ROWS = 262_144  # 151 MB of FP8 rows per pool: several times an H200's or B200's L2
@@ -36,28 +35,12 @@ CKV, KPE = 512, 64
 SM_SCALE = 1.0 / math.sqrt(192 + KPE)  # GLM-5: qk_nope 192 + rope 64
 
 
-class TimingInputError(ValueError):
-    """GLMSERVE_SELFTEST_HEADS / _DECODE_BATCHES hold something that is not a positive int."""
-
-
-def _positive_ints(name: str, raw: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in raw.split(",") if v.strip())
-    except ValueError:
-        values = ()
-    if not values or any(v <= 0 for v in values):
-        raise TimingInputError(f"{name} must be positive integers (comma-separated), got {raw!r}")
-    return values
-
-
 def requested_shape(env: dict[str, str] | None = None) -> tuple[int, tuple[int, ...]]:
-    """(heads per rank, decode batch sizes) to time, from the environment."""
+    """(heads per rank, decode batch sizes) to time, from the environment (SwitchError on
+    anything that is not positive integers)."""
     env = dict(os.environ) if env is None else env
-    heads = _positive_ints(ENV_HEADS, env.get(ENV_HEADS, str(DEFAULT_HEADS)))
-    if len(heads) != 1:
-        raise TimingInputError(f"{ENV_HEADS} must be one positive integer, got {heads}")
-    batches = _positive_ints(ENV_BATCHES, env.get(ENV_BATCHES, ",".join(map(str, DEFAULT_BATCHES))))
-    return heads[0], tuple(sorted(set(batches)))
+    (heads,) = SELFTEST_HEADS.read(env)
+    return heads, tuple(sorted(set(SELFTEST_DECODE_BATCHES.read(env))))
 
 
 def faster_path(native_us: list[float], gather_us: list[float]) -> str:

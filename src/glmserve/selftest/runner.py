@@ -11,15 +11,15 @@ Three parts:
   slots than pool rows (the contiguous full-pool mode), a causal multi-token (extend) batch,
   count 0 (nothing written), one CUDA graph captured once and replayed;
 * the wiring (classcheck.py): the installed, PATCHED ``FlashInferMLAAttnBackend`` itself, against
-  the same class with ``GLMSERVE_FP8_GATHER=0``, for eager decode, paged extend with a prefix,
+  the same class with the series switched off, for eager decode, paged extend with a prefix,
   target verify and CUDA-graph decode replayed through SGLang's fast replay plan, with
   FlashInfer's ``auto`` backend (what the server runs) and fa2, decode on gather-then-cast
   (bit for bit);
-* native FP8 decode (``fp8_mla_decode.py``), unless GLMSERVE_FP8_ATTENTION=gather: the kernel
+* native FP8 decode (``fp8_mla_decode.py``), unless the decode path is pinned to gather: the kernel
   held to fp64, no worse than 1.5x FlashInfer on the BF16 cast (glmserve.selftest.nativecheck),
   then the patched class decoding through it (classcheck, native mode). Its verdict is reported
   separately (``native``): a failure there does not fail the self-test; the launcher serves
-  with GLMSERVE_FP8_ATTENTION=gather. ``--native-fault drop-last-token`` injects a fault the
+  with gather-then-cast. ``--native-fault drop-last-token`` injects a fault the
   native check must refuse;
 * when native passed: both decode paths timed on this GPU (``timing``,
   glmserve.selftest.pathtiming), so the launcher can serve with the faster one.
@@ -28,7 +28,9 @@ Pools hold real-valued latents quantized to FP8, so softmax is spread and a wron
 the output; the shadow is poisoned with NaN before every call, so a row nothing refreshed
 reaches the output as NaN.
 
-Exit status: 0 passed or skipped (no GPU, ``GLMSERVE_FP8_GATHER=0``, or a GPU without hardware
+The switches are glmserve.switches' (FP8_GATHER, FP8_ATTENTION, the timing shape).
+
+Exit status: 0 passed or skipped (no GPU, the series switched off, or a GPU without hardware
 e4m3, where the patched SGLang turns the gather off itself), 1 failed. The check runs in a
 child process so a hung GPU cannot hang the launcher: FlashInfer's one-off JIT builds (the same
 builds the server needs) and SGLang's imports get their own, longer allowance
@@ -55,9 +57,17 @@ from types import ModuleType
 from typing import Any
 
 from glmserve.selftest.nativecheck import FAULTS
+from glmserve.switches import (
+    FP8_ATTENTION,
+    FP8_GATHER,
+    GATHER_OFF,
+    NATIVE,
+    SwitchError,
+    fp8_attention_path,
+    fp8_attention_request,
+    fp8_gather_on,
+)
 
-ENV_SWITCH = "GLMSERVE_FP8_GATHER"
-ENV_MODE = "GLMSERVE_FP8_ATTENTION"
 # Hardware e4m3 -> f32 convert (Ada, Hopper, Blackwell). Below it the Triton kernel cannot
 # compile, and the patched SGLang turns the gather off itself (fp8_kv_gather.py says the same).
 MIN_E4M3_CAPABILITY = (8, 9)
@@ -86,7 +96,7 @@ class SelfTestReport:
     detail: str
     # The native FP8 decode kernel's own verdict ("passed: ...", "failed: ...", "skipped: ...",
     # "" when not run). A failure there does not fail the self-test: the launcher then serves
-    # with GLMSERVE_FP8_ATTENTION=gather, which the gather checks above have proven.
+    # with gather-then-cast, which the gather checks above have proven.
     native: str = ""
     # Both decode paths timed on this GPU once both passed (glmserve.selftest.pathtiming):
     # heads, context, batches, native_us, gather_us, faster; {} when not timed.
@@ -362,9 +372,9 @@ def _native_verdict(
     """Run glmserve.selftest.nativecheck on the installed fp8_mla_decode.py, as one line."""
     from glmserve.selftest import nativecheck
 
-    mode = os.environ.get(nativecheck.ENV_MODE, "native").strip().lower()
-    if mode != "native":
-        return f"skipped: {nativecheck.ENV_MODE}={mode}"
+    mode = fp8_attention_path(os.environ)
+    if mode != NATIVE:
+        return f"skipped: {FP8_ATTENTION.name}={mode}"
     path = installed_kernel_path()
     native_path = path.parent / nativecheck.NATIVE_REL.name if path else None
     if native_path is None or not native_path.is_file():
@@ -425,10 +435,7 @@ def _child(
             backend_path=Path(backend_path) if backend_path else None,
             gather_path=path if module_path else None,
         )
-        native_mode = (
-            os.environ.get(ENV_MODE, "native").strip().lower() == "native"
-            and "native" in parts.decode_modes
-        )
+        native_mode = fp8_attention_path(os.environ) == NATIVE and NATIVE in parts.decode_modes
         # Warm-up: FlashInfer JIT (causal and non-causal, auto and fa2), the Triton compiles,
         # SGLang's imports; the same code paths as the checks, on small pools.
         warm = run_checks(
@@ -548,12 +555,14 @@ def run_selftest(
     backend_path: str | None = None,
 ) -> SelfTestReport:
     """Prove the patched gather on this GPU. Never raises; see the module docstring."""
-    # The same switch (and the same accepted values) the patched SGLang reads.
-    raw = os.environ.get(ENV_SWITCH, "1").strip().lower()
-    if raw in ("0", "false", "off", "no"):
-        return SelfTestReport("skipped", f"{ENV_SWITCH}={raw}: the upstream full cast is in use")
-    if raw not in ("1", "true", "on", "yes"):
-        return SelfTestReport("failed", f"{ENV_SWITCH} must be 0 or 1, got {raw!r}")
+    try:
+        gather_on, _ = fp8_gather_on(os.environ), fp8_attention_request(os.environ)
+    except SwitchError as exc:
+        return SelfTestReport("failed", str(exc))
+    if not gather_on:
+        return SelfTestReport(
+            "skipped", f"{FP8_GATHER.name}={GATHER_OFF}: the upstream full cast is in use"
+        )
     present, why = _gpu_present()
     if not present:
         return SelfTestReport("skipped", f"no GPU self-test: {why}")

@@ -22,10 +22,12 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from glmserve import buildinfo, sglang_api
+from glmserve.launch.cli import ENV_INPUTS, EXTRA_ARGS_ENV, HOLD_ENV
 from glmserve.serverproc import ServerProcess
 from glmserve.smoke import probes as P
 from glmserve.smoke import verdict
 from glmserve.smoke.variants import Variant, VariantError, select
+from glmserve.switches import FP8_GATHER, GATHER_OFF
 
 PROG = "glmserve.smoke"
 DEFAULT_PORT = 30000
@@ -89,7 +91,7 @@ def profile_facts(
         return True, None
     try:
         profile = load_profile(find_profiles_dir(environ, profiles_dir), profile_name)
-        extra = parse_extra_env(environ.get("GLMSERVE_EXTRA_ARGS"))
+        extra = parse_extra_env(environ.get(EXTRA_ARGS_ENV))
     except LaunchError as exc:
         raise SmokeError(str(exc)) from None
     return uses_patched_path([*profile.args, *extra]), profile.model.default_path
@@ -114,7 +116,7 @@ def launcher_command(
             argv += [flag, str(value)]
     argv += ["--", *variant.args]
     # A refusing variant must exit (and be reported), not wait as the compose service does.
-    env = {**os.environ, **variant.env, "GLMSERVE_HOLD_ON_ERROR": "0"}
+    env = {**os.environ, **variant.env, HOLD_ENV: "0"}
     return argv, env
 
 
@@ -128,7 +130,7 @@ def emulator_command(
     elif not patched:
         cost = "off"
     else:
-        cost = "upstream" if variant.env.get("GLMSERVE_FP8_GATHER") == "0" else "patched"
+        cost = "upstream" if variant.env.get(FP8_GATHER.name) == GATHER_OFF else "patched"
     argv = [sys.executable, "-m", "glmserve.emulator", "--host", "127.0.0.1", "--port", str(port),
             "--tpot-ms", "2", "--ttft-ms", "20", "--health-delay-s", "0",
             "--kv-cache-dtype", dtype, "--cost-model", cost,
@@ -157,7 +159,7 @@ def server_info(url: str, timeout_s: float = 10.0) -> dict[str, Any]:
 class Run:
     def __init__(self, ns: argparse.Namespace, environ: Mapping[str, str]) -> None:
         self.ns = ns
-        self.port = int(ns.port or environ.get("GLMSERVE_PORT") or DEFAULT_PORT)
+        self.port = int(ns.port or environ.get(ENV_INPUTS["port"]) or DEFAULT_PORT)
         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         self.out = Path(ns.out or Path("smoke-report") / stamp)
         self.patched, default_model = profile_facts(ns.profile, ns.profiles_dir, environ)
@@ -275,10 +277,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     environ = os.environ
     try:
         ns = _parser().parse_args(sys.argv[1:] if argv is None else argv)
-        ns.profile = _env_or(ns.profile, environ, "GLMSERVE_PROFILE")
-        ns.model_path = _env_or(ns.model_path, environ, "GLMSERVE_MODEL_PATH")
-        ns.profiles_dir = _env_or(ns.profiles_dir, environ, "GLMSERVE_PROFILES_DIR")
-        ns.tp = _env_or(ns.tp, environ, "GLMSERVE_TP")
+        ns.profile = _env_or(ns.profile, environ, ENV_INPUTS["profile"])
+        ns.model_path = _env_or(ns.model_path, environ, ENV_INPUTS["model_path"])
+        ns.profiles_dir = _env_or(ns.profiles_dir, environ, ENV_INPUTS["profiles_dir"])
+        ns.tp = _env_or(ns.tp, environ, ENV_INPUTS["tp"])
         if ns.server == "launcher" and not ns.profile:
             raise SmokeError("no profile given (--profile or GLMSERVE_PROFILE)")
         run = Run(ns, environ)

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from glmserve.switches import FP8_ATTENTION, FP8_GATHER, GATHER, GATHER_OFF, GATHER_ON, NATIVE
+
 KV_FP8 = ("--kv-cache-dtype", "fp8_e4m3")
 KV_BF16 = ("--kv-cache-dtype", "bfloat16")
 
@@ -47,15 +49,15 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "fp8-upstream-cast",
-        "FP8 KV, GLMSERVE_FP8_GATHER=0: SGLang's own full-pool FP8->BF16 cast (slow, upstream)",
-        env={"GLMSERVE_FP8_GATHER": "0"},
+        "FP8 KV, the series switched off: SGLang's own full-pool FP8->BF16 cast (slow, upstream)",
+        env=FP8_GATHER.setting(GATHER_OFF),
         args=KV_FP8,
         paths=("patched",),
     ),
     Variant(
         "fp8-gather",
         "FP8 KV, the patch's gather-then-cast decode (bit-identical to the upstream cast)",
-        env={"GLMSERVE_FP8_GATHER": "1", "GLMSERVE_FP8_ATTENTION": "gather"},
+        env={**FP8_GATHER.setting(GATHER_ON), **FP8_ATTENTION.setting(GATHER)},
         args=KV_FP8,
         paths=("patched",),
         identical_to="fp8-upstream-cast",
@@ -63,7 +65,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(
         "fp8-native",
         "FP8 KV, the patch's native FP8 decode kernel (the series default; not bit-identical)",
-        env={"GLMSERVE_FP8_GATHER": "1", "GLMSERVE_FP8_ATTENTION": "native"},
+        env={**FP8_GATHER.setting(GATHER_ON), **FP8_ATTENTION.setting(NATIVE)},
         args=KV_FP8,
         paths=("patched",),
     ),

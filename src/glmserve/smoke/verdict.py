@@ -24,6 +24,7 @@ from typing import Any
 
 from glmserve.smoke.probes import Probe
 from glmserve.smoke.variants import REFERENCE, Variant
+from glmserve.switches import FP8_ATTENTION, FP8_GATHER, GATHER_OFF, GATHER_ON
 
 BF16_NAMES = ("bfloat16", "bf16")
 
@@ -95,8 +96,8 @@ def evaluate(
         # to gather when the native self-test fails): a variant must have run what it names.
         build = r.get("build_info") or {}
         for env_key, field, value_of in (
-            ("GLMSERVE_FP8_GATHER", "fp8_gather", {"1": "on", "0": "off"}.get),
-            ("GLMSERVE_FP8_ATTENTION", "fp8_attention", lambda x: x),
+            (FP8_GATHER.name, "fp8_gather", {GATHER_ON: "on", GATHER_OFF: "off"}.get),
+            (FP8_ATTENTION.name, "fp8_attention", lambda x: x),
         ):
             want = value_of(v.env[env_key]) if env_key in v.env else None
             got = build.get(field)
