@@ -31,7 +31,10 @@ RUN mkdir -p src/glmserve && touch src/glmserve/__init__.py \
     && python3 -m venv /opt/glmserve \
     && pip-ca.sh /opt/glmserve/bin/python install --no-cache-dir -c constraints.txt \
         ".[emulator,exporter,loadtest,doctor]" \
-    && /opt/glmserve/bin/python -m pip uninstall -y glmserve
+    && /opt/glmserve/bin/python -m pip uninstall -y glmserve \
+    && rm -rf build src
+# The stub's build/ would otherwise stand in for the real files: setuptools copies a source only
+# when it is newer than its build/ copy, and COPY keeps the checkout's (older) mtimes.
 COPY src/ src/
 # The wheel also feeds the server stage, which then needs no network and no CA.
 RUN pip-ca.sh /opt/glmserve/bin/python wheel --no-cache-dir --no-deps -c constraints.txt \
