@@ -13,8 +13,10 @@
 
 # CPython 3.11 on Debian bookworm, multi-arch index digest.
 ARG TOOLS_BASE_IMAGE=python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
-# Official SGLang 0.5.12.post1 image, CUDA 13.0, torch 2.11 (cu130), CPython 3.12. The full
+# The pinned SGLang line's official image (its version, CUDA, torch and CPython live in
+# glmserve.sglang_api, which tests/test_sglang_lines.py checks these defaults against). The full
 # (devel) variant, not -runtime: FlashInfer JIT-compiles the MLA kernels with nvcc at first start.
+# Another line: `python -m glmserve.sglang_api env --line VERSION >> .env` (compose passes them).
 ARG BASE_IMAGE=lmsysorg/sglang:v0.5.12.post1-cu130@sha256:ceaf8b16e02d165143633ac228bbb994a05fe77d7e0526cf035ae4bbf4eacc36
 
 # --------------------------------------------------------------------------------------------

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Build THE device bundle (bench/device_run.sh, both jobs, carries it): a PYTHONPATH overlay with
-# the real SGLang 0.5.12.post1 wheel, FlashInfer 0.6.11.post1 and apache-tvm-ffi 0.1.9 for
-# Python 3.12, built by ../shared/tools/sglang-device-bundle.sh.
+# the real SGLang wheel of the pinned line (glmserve.sglang_api), its FlashInfer and
+# apache-tvm-ffi for Python 3.12, built by ../shared/tools/sglang-device-bundle.sh.
 #
-#   usage: bench/bundle.sh [OUT.tar.xz]      (default .bundle/sglang-0.5.12.post1.tar.xz)
+#   usage: bench/bundle.sh [OUT.tar.xz]      (default .bundle/sglang-VERSION.tar.xz, the pinned line)
 #          bench/bundle.sh --fleet [OUT]     (default .bundle/fleet.tar.xz; device_run.sh fleet)
 #   (bench/e2e/build_bundle.sh is this script)
 #
@@ -23,7 +23,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 fleet=""
 if [ "${1:-}" = "--fleet" ]; then fleet=1; shift; fi
-out=$(realpath -m "${1:-$([ -n "$fleet" ] && echo .bundle/fleet.tar.xz || echo .bundle/sglang-0.5.12.post1.tar.xz)}")
+version=$(PYTHONPATH=src "${PYTHON:-python3}" -m glmserve.sglang_api version)
+out=$(realpath -m "${1:-$([ -n "$fleet" ] && echo .bundle/fleet.tar.xz || echo ".bundle/sglang-$version.tar.xz")}")
 tool=${SGLANG_BUNDLE_TOOL:-/work/shared/tools/sglang-device-bundle.sh}
 [ -f "$tool" ] || { echo "bundle: $tool not found (set SGLANG_BUNDLE_TOOL)" >&2; exit 2; }
 work=.cache/bundle

@@ -8,7 +8,7 @@ bench/device_run.sh fp8-decode ARGS` sets both up on the H200: bench/README.md).
 
   bf16_fa2   FlashInfer fa2 MLA on a BF16 pool (BF16 KV; fa2 is the SM120 kernel family)
   bf16_auto  FlashInfer backend="auto" on a BF16 pool (what SGLang runs; fa3 on SM90)
-  upstream   pool.to(bf16) of the whole FP8 pool + fa2                 (SGLang 0.5.12.post1)
+  upstream   pool.to(bf16) of the whole FP8 pool + fa2                 (pinned SGLang)
   gather     gather-then-cast of the referenced rows + fa2             (the series)
   native     mla_decode_fp8: reads the FP8 pool directly              (the series)
   previous   --previous PATH: an earlier mla_decode_fp8 file, for the record of a change

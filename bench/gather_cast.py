@@ -8,7 +8,7 @@ distinct layers (each with its own 495,552 x 576 FP8 pool, so L2 cannot flatter 
 replayed and timed with triton.testing.do_bench (median; L2 flushed before each replay),
 divided by 8. Rows:
 
-  upstream  pool.to(bf16) of the whole pool, then FlashInfer fa2 MLA        (SGLang 0.5.12.post1)
+  upstream  pool.to(bf16) of the whole pool, then FlashInfer fa2 MLA        (pinned SGLang)
   patched   the shipped gather-cast kernel into the shared shadow, then fa2 (this patch)
   bf16_kv   fa2 on a BF16 pool, no cast                                     (the target)
   fp8_fa2   fa2 reading the FP8 pool natively (SM90 only; SM120's fa2 cannot)

@@ -1,7 +1,7 @@
 # CI-only stand-in for the pinned python slim image (TOOLS_BASE_IMAGE) and the root of the
 # local "SGLang base": the registry is unreachable in CI, so everything starts from the
 # debootstrap image docker/ci-bases.sh imports. Debian bookworm's CPython is 3.11, the same
-# minor version the tools image pins and one SGLang 0.5.12.post1 ships wheels for.
+# minor version the tools image pins and one the pinned SGLang ships wheels for.
 ARG DEBIAN_IMAGE=local/debian:bookworm
 FROM ${DEBIAN_IMAGE}
 # Versions come from the same snapshot of the Debian mirror the base was bootstrapped from,

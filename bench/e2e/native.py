@@ -48,7 +48,7 @@ sys.path[:0] = [str(HERE), str(REPO / "src")]
 import e2e_analysis as an  # noqa: E402
 import harness  # noqa: E402
 
-from glmserve import streaming  # noqa: E402
+from glmserve import sglang_api, streaming  # noqa: E402
 
 LAYERS = 78
 CUDA_GRAPH_MAX_BS = 64  # the 64-stream workload decodes inside graphs
@@ -366,7 +366,7 @@ def markdown(doc: dict[str, Any]) -> str:
         f"# Native FP8 decode end to end — {doc['date']} ({doc['mode']})",
         "",
         f"Command: `{doc['command']}`  ",
-        "Real SGLang 0.5.12.post1 (device mode), tiny MLA model with dummy weights at 78 layers, "
+        f"Real SGLang {sglang_api.SGLANG_VERSION} (device mode), tiny MLA model with dummy weights at 78 layers, "
         f"pool 495,552, CUDA graphs up to batch {CUDA_GRAPH_MAX_BS}, every server started "
         "through our launcher. 64 streams: 2,048-token prompts, 256 tokens each; steady = "
         "median over streams of the TPOT of each stream's second half.",

@@ -62,7 +62,8 @@ def server_rows(raw: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def render(calls: dict[str, dict[str, Any]], provenance: list[str] | None = None) -> str:
-    out = ["# End-to-end results: patched SGLang 0.5.12.post1 on the lent H200", ""]
+    ran = sorted({str(c["meta"].get("sglang", "?")) for c in calls.values()})
+    out = [f"# End-to-end results: patched SGLang {', '.join(ran)} on the lent H200", ""]
     out += [f"- {line}" for line in provenance or []]
     for name, raw in calls.items():
         m = raw["meta"]

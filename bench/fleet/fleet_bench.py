@@ -5,7 +5,7 @@
     python bench/fleet/fleet_bench.py --mode emulator --out DIR --quick   # CPU dry run
     python bench/fleet/fleet_bench.py --mode device --out DIR --render fleet.json   # redraw fleet.md
 
-Device mode starts two real SGLang 0.5.12.post1 servers on the one GPU through our launcher
+Device mode starts two real SGLang servers (the pinned line) on the one GPU through our launcher
 (tiny-mla profile, each with its own pinned KV pool and --mem-fraction-static, so they split the
 memory), and the pinned router (smg) binary in front. Every phase is one headless Locust run
 through the router; the servers' own counters are read before and after it:

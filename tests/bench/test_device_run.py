@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from support.policy import require
 
+from glmserve import sglang_api
 from glmserve.series.lock import load_lock
 from glmserve.series.wheels import default_cache_dir, extract_site, fetch_wheel
 
@@ -187,18 +188,26 @@ def _stub_tool(tmp: Path, *, patched: bool = False) -> Path:
     return tool
 
 
+def _checkout_copy(repo: Path) -> None:
+    """bundle.sh and the home it reads the pinned line from (glmserve.sglang_api)."""
+    (repo / "bench").mkdir(parents=True)
+    shutil.copy(BUNDLE_SH, repo / "bench" / "bundle.sh")
+    (repo / "src" / "glmserve").mkdir(parents=True)
+    for name in ("__init__.py", "sglang_api.py"):
+        shutil.copy(REPO / "src" / "glmserve" / name, repo / "src" / "glmserve" / name)
+
+
 def test_bundle_builds_the_overlay_once_and_packs_it_unpatched(tmp_path):
     require(shutil.which("xz") is not None, "xz is needed to pack the bundle")
     repo = tmp_path / "repo"  # bundle.sh works in the checkout it sits in: use a copy
-    (repo / "bench").mkdir(parents=True)
-    shutil.copy(BUNDLE_SH, repo / "bench" / "bundle.sh")
+    _checkout_copy(repo)
     env = {**os.environ, "SGLANG_BUNDLE_TOOL": str(_stub_tool(tmp_path))}
     for _ in range(2):
         proc = subprocess.run(["bash", str(repo / "bench" / "bundle.sh")], env=env,
                               capture_output=True, text=True, timeout=120)  # fmt: skip
         assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "runs").read_text().count("run") == 1, "the overlay is cached by its stamp"
-    out = repo / ".bundle" / "sglang-0.5.12.post1.tar.xz"
+    out = repo / ".bundle" / f"sglang-{sglang_api.SGLANG_VERSION}.tar.xz"  # the pinned line
     with tarfile.open(out) as tar:
         names = set(tar.getnames())
         stamp = json.load(tar.extractfile("site/.glmserve-bundle.json"))
@@ -209,8 +218,7 @@ def test_bundle_builds_the_overlay_once_and_packs_it_unpatched(tmp_path):
 
 def test_bundle_refuses_a_patched_overlay(tmp_path):
     repo = tmp_path / "repo"
-    (repo / "bench").mkdir(parents=True)
-    shutil.copy(BUNDLE_SH, repo / "bench" / "bundle.sh")
+    _checkout_copy(repo)
     env = {**os.environ, "SGLANG_BUNDLE_TOOL": str(_stub_tool(tmp_path, patched=True))}
     proc = subprocess.run(["bash", str(repo / "bench" / "bundle.sh")], env=env,
                           capture_output=True, text=True, timeout=120)  # fmt: skip

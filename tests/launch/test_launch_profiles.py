@@ -11,7 +11,7 @@ import pytest
 from support.launch import PINNED, PROFILE_NAMES, PROFILES_DIR, TINY_MODEL
 
 from glmserve.launch import LaunchError, load_profile, parse_profile_file
-from glmserve.launch.profiles import LAUNCHER_OWNED_FLAGS, find_profiles_dir
+from glmserve.launch.profiles import LAUNCHER_OWNED_FLAGS, find_profiles_dir, sglang_versions
 
 REQUIRED = {
     "glm5-nvfp4-rtxpro6000-tp8",
@@ -28,7 +28,8 @@ def test_the_required_profiles_ship():
 @pytest.mark.parametrize("name", PROFILE_NAMES)
 def test_shipped_profile_parses_and_documents_every_flag(name):
     profile = load_profile(PROFILES_DIR, name)
-    assert profile.sglang_version == PINNED
+    # Shipped profiles name no SGLang: the pinned line lists them (glmserve.sglang_api).
+    assert profile.sglang_version is None and sglang_versions(profile) == (PINNED,)
     flags = [a for a in profile.args if a.startswith("--")]
     assert flags and all(profile.notes[f].strip() for f in flags)
     assert all(profile.notes[k].strip() for k in profile.env)
@@ -141,6 +142,7 @@ def _mutate(path: str, value) -> dict:
         (_mutate("model.architectures", []), "'model.architectures' must be a non-empty list"),
         (_mutate("model.quant_algo", 4), "'model.quant_algo' must be a string or null"),
         (_mutate("compute_capability_majors", [12.0]), "'compute_capability_majors'"),
+        (_mutate("sglang_version", ""), "'sglang_version' must be a non-empty string"),
     ],
 )
 def test_malformed_profile_is_one_clear_line(tmp_path: Path, raw, fragment):
@@ -151,6 +153,17 @@ def test_malformed_profile_is_one_clear_line(tmp_path: Path, raw, fragment):
     message = str(info.value)
     assert "\n" not in message
     assert fragment in message and str(path) in message
+
+
+def test_a_profile_of_ones_own_may_pin_its_sglang(tmp_path: Path):
+    """Shipped profiles are listed by their SGLang line; one written elsewhere (no line lists
+    it) names its version itself, or is written for none."""
+    for name, pin, versions in (("mine", "0.5.12", ("0.5.12",)), ("orphan", None, ())):
+        raw = {**GOOD, "name": name}
+        if pin:
+            raw["sglang_version"] = pin
+        (tmp_path / f"{name}.json").write_text(json.dumps(raw))
+        assert sglang_versions(parse_profile_file(tmp_path / f"{name}.json")) == versions
 
 
 def test_invalid_json_names_the_position(tmp_path: Path):

@@ -1,8 +1,8 @@
 """SGLang-protocol emulator with controlled timing: a TEST INSTRUMENT, never a serving engine.
 
-It answers the routes of SGLang 0.5.12.post1 (OpenAI chat/completions, /generate, health,
-info, /metrics) with deterministic token timing, so the exporter, dashboards, load tests and
-stack tests can run without a GPU. See docs/emulator.md.
+It answers the routes of the pinned SGLang (glmserve.sglang_api: OpenAI chat/completions,
+/generate, health, info, /metrics) with deterministic token timing, so the exporter, dashboards,
+load tests and stack tests can run without a GPU. See docs/emulator.md.
 """
 
 from glmserve.emulator.app import create_app

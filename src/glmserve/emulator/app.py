@@ -1,4 +1,4 @@
-"""The HTTP surface: Starlette routes that answer like SGLang 0.5.12.post1's http_server."""
+"""The HTTP surface: Starlette routes that answer like the pinned SGLang's http_server."""
 
 from __future__ import annotations
 

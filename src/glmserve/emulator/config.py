@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NoReturn
 
+from glmserve import sglang_api
 from glmserve.emulator.costmodel import GATHER_BYTES_PER_S, GLM5_LAYERS, MODES, DecodeCostModel
 
 DEFAULT_MODEL_PATH = "nvidia/GLM-5-NVFP4"
@@ -117,7 +118,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="python -m glmserve.emulator",
-        description="SGLang 0.5.12.post1 protocol emulator with controlled timing "
+        description=f"SGLang {sglang_api.SGLANG_VERSION} protocol emulator with controlled timing "
         "(a test instrument, not a serving engine).",
     )
     p.add_argument("--host", default="127.0.0.1")

@@ -1,4 +1,4 @@
-"""The `sglang:` Prometheus metrics of SGLang 0.5.12.post1, fed by what the emulator serves.
+"""The `sglang:` Prometheus metrics of the pinned SGLang (glmserve.sglang_api), fed by what the emulator serves.
 
 Names, types, label names and bucket boundaries are those of the pinned wheel
 (`sglang/srt/observability/metrics_collector.py`); tests/emulator checks them against a list

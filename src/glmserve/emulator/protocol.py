@@ -1,4 +1,4 @@
-"""Request parsing, validation and response bodies in SGLang 0.5.12.post1's shapes.
+"""Request parsing, validation and response bodies in the pinned SGLang's shapes.
 
 Shapes are copied from the wheel's behaviour (entrypoints/http_server.py, openai/serving_*.py,
 openai/protocol.py, usage_processor.py), serialised compactly like msgspec/pydantic/orjson do:

@@ -12,7 +12,7 @@ from typing import Any
 from glmserve import switches
 from glmserve.launch.errors import LaunchError, read_json
 from glmserve.launch.inventory import Gpu
-from glmserve.launch.profiles import Profile, flag_value
+from glmserve.launch.profiles import Profile, flag_value, sglang_versions
 from glmserve.selftest.runner import MIN_E4M3_CAPABILITY, capability_note
 
 ALLOW_ANY_ARCH_HINT = "--allow-any-arch (or GLMSERVE_ALLOW_ANY_ARCH=1)"
@@ -67,7 +67,7 @@ def read_model_config(model_dir: Path) -> dict[str, Any]:
 
 
 def detect_quant_algo(model_dir: Path, config: Mapping[str, Any]) -> str | None:
-    """The ModelOpt quant_algo, found where SGLang 0.5.12.post1 looks for it.
+    """The ModelOpt quant_algo, found where the pinned SGLang looks for it.
 
     SGLang (configs/model_config.py, _parse_quant_hf_config) reads config.json's
     quantization_config when its quant_method is absent or "modelopt", and otherwise falls back to
@@ -132,10 +132,11 @@ def check_sglang(
     needs the right version: a missing or stale marker is irrelevant to it."""
     if site is None or version is None:
         raise LaunchError("SGLang is not installed in this Python environment")
-    if version != profile.sglang_version:
+    wanted = sglang_versions(profile)
+    if version not in wanted:
         raise LaunchError(
             f"installed SGLang is {version} (in {site}), but profile '{profile.name}' and the "
-            f"patch series are for SGLang {profile.sglang_version}"
+            f"patch series are for SGLang {' or '.join(wanted) or '(no line lists this profile)'}"
         )
     if not require_patch:
         return

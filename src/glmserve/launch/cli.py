@@ -28,6 +28,7 @@ from glmserve.launch.profiles import (
     decode_attention_backend,
     find_profiles_dir,
     load_profile,
+    sglang_versions,
     uses_patched_path,
 )
 
@@ -426,7 +427,7 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
     shown = sglang_argv.redact(parser, plan.argv)  # what is printed; SGLang gets plan.argv
     if without_sglang:
         warnings.append(
-            f"no SGLang in this image: its version ({profile.sglang_version} expected) and the "
+            f"no SGLang in this image: its version ({' or '.join(sglang_versions(profile))} expected) and the "
             "patch are checked when the server image starts"
         )
     if ns.dry_run:

@@ -1,7 +1,7 @@
 """Does the model fit, with room for KV? Computed from the model's config.json, never guessed.
 
-SGLang 0.5.12.post1 sizes its KV pool from what is left of `mem_fraction_static x GPU memory`
-after the weights, so a replica that is too small fails minutes into loading, or starts with a
+The pinned SGLang (glmserve.sglang_api) sizes its KV pool from what is left of
+`mem_fraction_static x GPU memory` after the weights, so a replica that is too small fails minutes into loading, or starts with a
 pool that cannot hold one long request. This check runs before anything starts.
 
 Weights (DeepSeek-V3-style MLA + MoE, which GLM-5's GlmMoeDsaForCausalLM is), per GPU:
@@ -125,7 +125,7 @@ def last_value(argv: Sequence[str], flag: str) -> str | None:
 
 
 def default_mem_fraction(gpu_memory: int, tp: int, argv: Sequence[str]) -> float:
-    """SGLang 0.5.12.post1's own choice when --mem-fraction-static is not given
+    """The pinned SGLang's own choice when --mem-fraction-static is not given
     (server_args._handle_gpu_memory_settings): reserve room for activations of one prefill
     chunk (1.5 MB per token), CUDA graphs (2 MB per batch size) and TP (1 GB per 8 ranks),
     at least 10 GB on GPUs over 60 GB, and give the rest to weights + KV."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from glmserve import sglang_api
 from glmserve.launch.errors import LaunchError, read_json
 
 SCHEMA_VERSION = 1
@@ -73,7 +74,7 @@ class Profile:
     name: str
     path: Path
     description: str
-    sglang_version: str
+    sglang_version: str | None  # None: the SGLang lines that list this profile
     tp: int
     capability_majors: tuple[int, ...]
     model: ModelSpec
@@ -139,14 +140,17 @@ def _parse(raw: Any, path: Path) -> Profile:
     unknown = set(raw) - _TOP_KEYS
     if unknown:
         raise _fail(path, f"unknown keys {sorted(unknown)} (typo?)")
-    missing = {"schema", "name", "sglang_version", "tp", "model", "args"} - set(raw)
+    missing = {"schema", "name", "tp", "model", "args"} - set(raw)
     if missing:
         raise _fail(path, f"missing keys {sorted(missing)}")
     if raw["schema"] != SCHEMA_VERSION:
         raise _fail(path, f"'schema' must be {SCHEMA_VERSION}, not {raw['schema']!r}")
     if raw["name"] != path.stem:
         raise _fail(path, f"'name' is {raw['name']!r} but the file is named {path.stem!r}")
-    if not isinstance(raw["sglang_version"], str) or not raw["sglang_version"]:
+    # Optional: the shipped profiles leave it out and the lines that list them decide
+    # (glmserve.sglang_api); a profile of one's own may pin its SGLang here.
+    pinned = raw.get("sglang_version")
+    if pinned is not None and (not isinstance(pinned, str) or not pinned):
         raise _fail(path, "'sglang_version' must be a non-empty string")
     tp = raw["tp"]
     if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
@@ -204,7 +208,7 @@ def _parse(raw: Any, path: Path) -> Profile:
         name=raw["name"],
         path=path,
         description=description,
-        sglang_version=raw["sglang_version"],
+        sglang_version=pinned,
         tp=tp,
         capability_majors=tuple(majors),
         model=model,
@@ -275,3 +279,11 @@ def uses_patched_path(argv: Sequence[str]) -> bool:
     """True when decode runs SGLang's flashinfer MLA backend, the file the patch series changes.
     DSA (nsa) and every other backend read the KV pool through code the series does not touch."""
     return decode_attention_backend(argv) == "flashinfer"
+
+
+def sglang_versions(profile: Profile) -> tuple[str, ...]:
+    """The SGLang versions this profile is written for: its own pin, else every line in
+    glmserve.sglang_api that lists it."""
+    if profile.sglang_version:
+        return (profile.sglang_version,)
+    return tuple(line.version for line in sglang_api.lines_for_profile(profile.name))

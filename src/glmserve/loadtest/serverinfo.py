@@ -1,6 +1,6 @@
 """What the report records about the target: SGLang's /server_info, plus glmserve build info.
 
-SGLang 0.5.12.post1 answers /server_info (and the deprecated /get_server_info) with its
+The pinned SGLang answers /server_info (and the deprecated /get_server_info) with its
 server_args, the scheduler info (max_total_num_tokens = KV pool size in tokens),
 internal_states (memory_usage.token_capacity, the same pool size) and "version"; which of those
 fields glmserve reads, and how, is glmserve.sglang_api's to say.

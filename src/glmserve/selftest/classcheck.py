@@ -6,7 +6,7 @@ kernel (`switches.FP8_ATTENTION` native, not bit-identical by design).
 The kernel self-test (runner.py) proves the gather kernel with hand-set counts. This proves the
 wiring around it: `note_rows` at every plan, the wrapper's own index buffer handed to the gather,
 the shared shadow, the plan record native decode reads, and SGLang's own CUDA-graph capture and
-fast replay plan. It builds the smallest faithful harness SGLang 0.5.12.post1 lets us build (it
+fast replay plan. It builds the smallest faithful harness the pinned SGLang lets us build (it
 ships no attention test kit): a model runner and forward batches carrying exactly the fields the
 backend reads, the backend constructed by its real `__init__`, planned by its real
 `init_forward_metadata*`, run by its real `forward_decode` / `forward_extend`.
