@@ -102,7 +102,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG GLMSERVE_VERSION=0.1.0
 ARG SGLANG_VERSION=0.5.12.post1
 ARG PATCH_SERIES=0.5.12.post1
-ARG PATCH_LOCK_SHA256=f5de099568f4cb49ee4fa1e83905ddbba393e56dcf2d866f57f755c51c2c6033
+ARG PATCH_LOCK_SHA256=dc1d5a942624f0fc05dcb03b3df61dbe0ad6a333f2669c6129a04496e20a9268
 # The preflight also imports the new gather module (torch + Triton, present in the real base).
 # CI's torch-less stand-in base passes --no-import; the static checks still run there.
 ARG PREFLIGHT_ARGS=""
@@ -110,7 +110,7 @@ ARG PREFLIGHT_ARGS=""
 # and elsewhere as `latest`; this checks what it holds (torch/version.py, read, not imported).
 ARG EXPECT_CUDA=13
 LABEL org.opencontainers.image.title="glmserve-server" \
-      org.opencontainers.image.description="SGLang ${SGLANG_VERSION} with the FP8 KV gather-then-cast patch series, for GLM-5-NVFP4 on Blackwell" \
+      org.opencontainers.image.description="SGLang ${SGLANG_VERSION} with the FP8 KV patch series (native FP8 decode, gather-then-cast), for GLM-5-NVFP4 on Blackwell" \
       org.opencontainers.image.version="${GLMSERVE_VERSION}" \
       io.glmserve.sglang.version="${SGLANG_VERSION}" \
       io.glmserve.patch.series="${PATCH_SERIES}" \
