@@ -50,9 +50,9 @@ FROM ${TOOLS_BASE_IMAGE} AS tools
 COPY --from=tools-build /opt/glmserve /opt/glmserve
 # The launch profiles (data): compose's launcher service dry-runs here, and the doctor checks
 # GLMSERVE_PROFILE against them.
-COPY entrypoint/profiles/ /opt/glmserve-app/entrypoint/profiles/
+COPY deploy/profiles/ /opt/glmserve-app/deploy/profiles/
 ENV PATH=/opt/glmserve/bin:$PATH \
-    GLMSERVE_PROFILES_DIR=/opt/glmserve-app/entrypoint/profiles \
+    GLMSERVE_PROFILES_DIR=/opt/glmserve-app/deploy/profiles \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
 # An unprivileged user. /run/glmserve holds the build-info file the emulator writes and
@@ -122,7 +122,7 @@ ENV FLASHINFER_WORKSPACE_BASE=/cache/jit \
     TRITON_CACHE_DIR=/cache/jit/triton \
     TORCHINDUCTOR_CACHE_DIR=/cache/jit/inductor \
     HF_HOME=/cache/huggingface \
-    GLMSERVE_PROFILES_DIR=/opt/glmserve/entrypoint/profiles \
+    GLMSERVE_PROFILES_DIR=/opt/glmserve/deploy/profiles \
     PYTHONUNBUFFERED=1
 WORKDIR /opt/glmserve-build
 COPY patches/ patches/
@@ -149,7 +149,7 @@ RUN PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 -m pip insta
     && mkdir -p /cache/jit /cache/huggingface /cache/home /run/glmserve \
     && useradd --uid 10001 --user-group --home-dir /cache/home --no-create-home glmserve \
     && chown -R 10001:10001 /cache /run/glmserve
-COPY entrypoint/ /opt/glmserve/entrypoint/
+COPY deploy/ /opt/glmserve/deploy/
 VOLUME ["/cache/jit"]
 WORKDIR /opt/glmserve
 # SGLang serves as an unprivileged user: the GPUs are the NVIDIA runtime's world-usable device

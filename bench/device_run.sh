@@ -60,7 +60,7 @@ python3 patches/apply.py --target "$SITE" 2>&1 | tee -a "$log"
 python3 patches/apply.py --target "$SITE" --check 2>&1 | tee -a "$log"
 python3 -m glmserve.preflight --target "$SITE" 2>&1 | tee -a "$log"
 # What ran, as one line of the log: the overlay's build stamp, the marker the series left, the
-# hash of the code this call ran (src, patches, entrypoint, bench scripts) and the commit if known.
+# hash of the code this call ran (src, patches, deploy, bench scripts) and the commit if known.
 python3 - "$SITE" <<'PY' 2>&1 | tee -a "$log"
 import hashlib, json, pathlib, subprocess, sys
 site = pathlib.Path(sys.argv[1])
@@ -70,7 +70,7 @@ def read(p):
     except (OSError, ValueError):
         return None
 tree = hashlib.sha256()
-for p in sorted(f for d in ("src", "patches", "entrypoint", "bench") for f in pathlib.Path(d).rglob("*")):
+for p in sorted(f for d in ("src", "patches", "deploy", "bench") for f in pathlib.Path(d).rglob("*")):
     if p.is_file() and not {"__pycache__", "results"} & set(p.parts):
         tree.update(str(p).encode() + b"\0" + p.read_bytes())
 git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)

@@ -58,7 +58,7 @@ class ServerSpec:
     concurrency: bool = True
     # 0 = core (the bars), higher = dropped first when the deadline approaches.
     priority: int = 0
-    # The launcher profile (entrypoint/profiles/<name>.json); the deep one overrides the layers.
+    # The launcher profile (deploy/profiles/<name>.json); the deep one overrides the layers.
     profile: str = "tiny-mla"
 
     @property

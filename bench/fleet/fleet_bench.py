@@ -305,8 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mode", choices=("device", "emulator"), required=True)
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--model-dir", type=Path, default=REPO / "entrypoint" / "models")
-    p.add_argument("--profiles-dir", type=Path, default=REPO / "entrypoint" / "profiles")
+    p.add_argument("--model-dir", type=Path, default=REPO / "deploy" / "models")
+    p.add_argument("--profiles-dir", type=Path, default=REPO / "deploy" / "profiles")
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--deadline-s", type=float, default=520.0, help="stop starting phases after")
     # Measured on the H200: 303 s for both (cold JIT + self-tests); 360 still leaves the

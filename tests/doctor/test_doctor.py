@@ -176,7 +176,7 @@ def test_env_example_as_copied_names_what_the_gpu_stack_still_needs(capsys, tmp_
 
 
 def test_a_model_dir_of_the_wrong_model_gets_the_launchers_refusal(capsys, tmp_path):
-    tiny = REPO / "entrypoint" / "models" / "tiny-mla"
+    tiny = REPO / "deploy" / "models" / "tiny-mla"
     environ = {"MODEL_DIR": str(tiny), "GRAFANA_ADMIN_PASSWORD": "x", "COMPOSE_PROFILES": "gpu"}
     rc, lines, _ = doctor(capsys, environ=environ)
     assert rc == 1

@@ -34,8 +34,8 @@ def _last(argv: list[str], flag: str) -> str:
 def test_device_argv_is_accepted_by_the_launcher(tmp_path: Path, key: str) -> None:
     spec = next(s for s in an.plan_servers(2) if s.key == key)
     paths = {
-        "model": REPO / "entrypoint" / "models" / "tiny-mla",
-        "profiles": REPO / "entrypoint" / "profiles",
+        "model": REPO / "deploy" / "models" / "tiny-mla",
+        "profiles": REPO / "deploy" / "profiles",
         "build_info": tmp_path / "bi.json",
     }
     argv = harness.launch_argv(spec, "device", paths, sys.executable)

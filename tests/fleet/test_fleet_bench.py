@@ -56,7 +56,7 @@ def test_the_bench_runs_every_phase_against_emulators(tmp_path):
 def test_the_shared_prefix_workload_has_the_planned_token_counts(tmp_path):
     bench = load_bench()
     plan = bench.Plan.for_mode("device", quick=False)
-    words = bench.vocab(ROOT / "entrypoint" / "models")
+    words = bench.vocab(ROOT / "deploy" / "models")
     path = bench.prompt_file(tmp_path / "p.jsonl", plan, words)
     prompts = [json.loads(line)["prompt"] for line in path.read_text().splitlines()]
     assert len(prompts) == plan.groups * plan.variants
@@ -76,8 +76,8 @@ def test_the_device_server_command_passes_the_launchers_validation(tmp_path):
     plan = bench.Plan.for_mode("device", quick=False)
     args = argparse.Namespace(
         python="python3",
-        model_dir=ROOT / "entrypoint" / "models",
-        profiles_dir=ROOT / "entrypoint" / "profiles",
+        model_dir=ROOT / "deploy" / "models",
+        profiles_dir=ROOT / "deploy" / "profiles",
     )
     argv = bench.server_argv("device", 31001, args, plan, tmp_path / "bi.json")
     assert argv[1:3] == ["-m", "glmserve.launch"]

@@ -132,7 +132,7 @@ def test_each_pod_runs_the_launcher_with_a_valid_multi_node_plan(index, tmp_path
     assert argv[argv.index("--dist-init-addr") + 1] == "glmserve-0.glmserve:25000"
     assert argv[argv.index("--host") + 1] == "10.0.0.9"  # the pod IP, never 0.0.0.0
     assert plan["fit"]["fits"]
-    profile = load_profile(ROOT / "entrypoint" / "profiles", plan["profile"])
+    profile = load_profile(ROOT / "deploy" / "profiles", plan["profile"])
     gpus = int(container["resources"]["limits"]["nvidia.com/gpu"])
     assert gpus * template["size"] == profile.tp and template["size"] == profile.nodes
 

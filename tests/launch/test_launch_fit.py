@@ -194,7 +194,7 @@ def test_extra_args_may_not_set_the_multi_node_flags(launch, flag):
 
 
 def test_a_profile_whose_tp_does_not_split_over_its_nodes_is_malformed(tmp_path):
-    raw = json.loads((GLM_FIXTURE.parents[2] / "entrypoint/profiles" / f"{TWO_NODE}.json")
+    raw = json.loads((GLM_FIXTURE.parents[2] / "deploy/profiles" / f"{TWO_NODE}.json")
                      .read_text())  # fmt: skip
     raw.update(name="bad", tp=6, nodes=4)
     path = tmp_path / "bad.json"

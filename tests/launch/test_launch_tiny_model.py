@@ -21,7 +21,7 @@ def test_committed_files_match_the_generator(tmp_path: Path):
     )
     for name in FILES:
         assert (tmp_path / name).read_bytes() == (TINY_MODEL / name).read_bytes(), (
-            f"{name} is stale: run python3 entrypoint/models/tiny-mla/generate.py"
+            f"{name} is stale: run python3 deploy/models/tiny-mla/generate.py"
         )
 
 

@@ -137,7 +137,7 @@ def test_the_report_names_the_model_the_launcher_will_load(tmp_path):
 
     # No path given: the profile's own default, as the launcher resolves it.
     tiny = run_for("--profile", "tiny-mla", environ={})
-    assert tiny.meta["model_path"] == str(REPO / "entrypoint" / "models" / "tiny-mla")
+    assert tiny.meta["model_path"] == str(REPO / "deploy" / "models" / "tiny-mla")
     # Given (flag or environment): that one.
     given = run_for("--profile", "tiny-mla", environ={"GLMSERVE_MODEL_PATH": "/model"})
     assert given.meta["model_path"] == "/model"

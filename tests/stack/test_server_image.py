@@ -15,7 +15,7 @@ from support.stack import REPO, compose_env, dockerfile_arg, image_files, lock_b
 
 pytestmark = pytest.mark.stack
 
-PROFILES = sorted(p.stem for p in (REPO / "entrypoint" / "profiles").glob("*.json"))
+PROFILES = sorted(p.stem for p in (REPO / "deploy" / "profiles").glob("*.json"))
 FAKE_GLM5 = REPO / "tests" / "fixtures" / "glm5-nvfp4"
 
 
@@ -38,7 +38,7 @@ def sglang_site(image: str) -> str:
 
 
 def profile_data(name: str) -> dict[str, Any]:
-    return json.loads((REPO / "entrypoint" / "profiles" / f"{name}.json").read_text())
+    return json.loads((REPO / "deploy" / "profiles" / f"{name}.json").read_text())
 
 
 def test_labels_name_sglang_and_the_applied_series(server_image: str) -> None:

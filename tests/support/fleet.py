@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LOCUSTFILE = ROOT / "loadtest" / "decode.py"
 # A model dir that exists here: the router loads the tokenizer at the path a worker reports,
 # and would ask the Hugging Face Hub for a path it cannot find (see glmserve.fleet.testing).
-LOCAL_MODEL = ROOT / "entrypoint" / "models" / "tiny-mla"
+LOCAL_MODEL = ROOT / "deploy" / "models" / "tiny-mla"
 
 
 def emulator_args(tpot_ms: float = 10, ttft_ms: float = 20) -> list[str]:

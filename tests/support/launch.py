@@ -13,9 +13,9 @@ from glmserve.launch import Gpu
 from glmserve.launch.sglang_argv import SERVER_ARGS_FILE, parser_from_source
 
 REPO = Path(__file__).resolve().parents[2]
-PROFILES_DIR = REPO / "entrypoint" / "profiles"
+PROFILES_DIR = REPO / "deploy" / "profiles"
 GLM_FIXTURE = REPO / "tests" / "fixtures" / "glm5-nvfp4"
-TINY_MODEL = REPO / "entrypoint" / "models" / "tiny-mla"
+TINY_MODEL = REPO / "deploy" / "models" / "tiny-mla"
 PINNED = "0.5.12.post1"
 PROFILE_NAMES = sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
 

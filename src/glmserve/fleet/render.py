@@ -25,7 +25,7 @@ PROFILE = ENV_INPUTS["profile"]
 ROUTER_IMAGE = f"glmserve/router:0.1.0-smg{ROUTER_VERSION}"
 # Where the generated Prometheus targets are mounted (monitoring/prometheus/prometheus-fleet.yml).
 TARGETS_MOUNT = "/etc/prometheus-fleet"
-TINY_MODEL = "./entrypoint/models/tiny-mla"
+TINY_MODEL = "./deploy/models/tiny-mla"
 
 
 class Override:

@@ -65,7 +65,7 @@ class ModelSpec:
     quant_algo: str | None
     # config.json fields that must have exactly these values (e.g. the MLA widths the KV pool uses).
     expect: dict[str, Any] = field(default_factory=dict)
-    # Relative paths resolve against the profile file, so entrypoint/ can be copied as a whole.
+    # Relative paths resolve against the profile file, so deploy/ can be copied as a whole.
     default_path: Path | None = None
 
 
@@ -94,9 +94,9 @@ def candidate_dirs(environ: Mapping[str, str], explicit: str | None) -> list[Pat
         return [Path(explicit)]
     if environ.get(PROFILES_DIR_ENV):
         return [Path(environ[PROFILES_DIR_ENV])]
-    # A source checkout or an editable install: src/glmserve/launch/ -> <repo>/entrypoint/profiles.
+    # A source checkout or an editable install: src/glmserve/launch/ -> <repo>/deploy/profiles.
     here = Path(__file__).resolve()
-    return [here.parents[3] / "entrypoint" / "profiles"]
+    return [here.parents[3] / "deploy" / "profiles"]
 
 
 def find_profiles_dir(environ: Mapping[str, str], explicit: str | None) -> Path:

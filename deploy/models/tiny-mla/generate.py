@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write the tiny MLA smoke-test model: config.json, tokenizer.json, tokenizer_config.json.
 
-    python3 entrypoint/models/tiny-mla/generate.py [OUT_DIR]     (default: this script's folder)
+    python3 deploy/models/tiny-mla/generate.py [OUT_DIR]     (default: this script's folder)
 
 The model is a plain-MLA DeepseekV3 shrunk to smoke-test size, with the attention geometry of
 GLM-5 that the FP8 KV pool depends on (kv_lora_rank 512 + qk_rope_head_dim 64 = 576 per token, 16
