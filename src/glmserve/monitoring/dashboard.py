@@ -115,8 +115,8 @@ def _quantiles(record: str, who: str) -> Target:
     return Target(record, f"{who} p{{{{quantile}}}}")
 
 
-def panels() -> list[Panel]:
-    """The panels, in reading order; layout flows left to right, 24 columns per row."""
+def _status_panels() -> list[Panel]:
+    """What is serving, whether it is reachable, and the SLO at a glance (the top row)."""
     stat = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}}
     return [
         Panel(
@@ -165,6 +165,12 @@ def panels() -> list[Panel]:
             height=4,
             extra_options={**stat, "textMode": "value_and_name", "colorMode": "value"},
         ),
+    ]
+
+
+def _latency_panels() -> list[Panel]:
+    """Per-token and first-token latency: the canary against the server."""
+    return [
         Panel(
             "TPOT p50/p90/p99 - canary (per request)",
             f"{DEF_TPOT} One fixed-length stream (ignore_eos) every canary interval, timed by "
@@ -208,6 +214,12 @@ def panels() -> list[Panel]:
                 _quantiles("glmserve:canary_ttft_seconds:quantile5m", "canary"),
             ],
         ),
+    ]
+
+
+def _load_panels() -> list[Panel]:
+    """What the server is doing: throughput, the batch and its CUDA graphs, the KV pool."""
+    return [
         Panel(
             "Output tokens/s",
             "server: rate of sglang:generation_tokens_total over 1 m (all requests, counted when "
@@ -256,6 +268,12 @@ def panels() -> list[Panel]:
             ],
             unit="none",
         ),
+    ]
+
+
+def _slo_panels() -> list[Panel]:
+    """The SLO over time, and what the canary could not measure."""
+    return [
         Panel(
             "SLO attainment over time",
             f"{SLO_TEXT} Same ratios as the stat above, over time.",
@@ -280,6 +298,11 @@ def panels() -> list[Panel]:
             unit="reqps",
         ),
     ]
+
+
+def panels() -> list[Panel]:
+    """The panels, in reading order; layout flows left to right, 24 columns per row."""
+    return [*_status_panels(), *_latency_panels(), *_load_panels(), *_slo_panels()]
 
 
 FLEET_ROW = "Fleet: replicas behind the router (smg)"
