@@ -306,20 +306,32 @@ class EmulatorState:
 def create_app(config: EmulatorConfig) -> Starlette:
     """A fresh app with its own engine and metrics (several may live in one process)."""
     metrics = MetricsState(model_name=config.model_name)
-    engine = Engine(config, metrics)
-    registry = make_registry(metrics)
-    state = EmulatorState(config, metrics, engine, time.monotonic())
+    state = EmulatorState(config, metrics, Engine(config, metrics), time.monotonic())
+    app = Starlette(
+        routes=[*_generation_routes(state), *_info_routes(state, make_registry(metrics))],
+        lifespan=_lifespan(state.engine),
+        exception_handlers={HTTPException: _http_error},
+        middleware=[Middleware(HttpMetricsMiddleware, metrics=metrics)],
+    )
+    app.state.emulator = state
+    return app
 
-    def api(
-        fn: Callable[[Request], Awaitable[Any]],
-    ) -> Callable[[Request], Awaitable[Any]]:
-        async def wrapped(request: Request) -> Any:
-            try:
-                return await fn(request)
-            except P.ApiError as err:
-                return _json(err.body, err.status)
 
-        return wrapped
+def _api(fn: Callable[[Request], Awaitable[Any]]) -> Callable[[Request], Awaitable[Any]]:
+    """A route whose protocol errors (P.ApiError) become their own JSON answer."""
+
+    async def wrapped(request: Request) -> Any:
+        try:
+            return await fn(request)
+        except P.ApiError as err:
+            return _json(err.body, err.status)
+
+    return wrapped
+
+
+def _generation_routes(state: EmulatorState) -> list[Route]:
+    """The routes that generate: OpenAI chat and completions, and SGLang's native /generate."""
+    config, engine = state.config, state.engine
 
     async def openai_route(request: Request, route: str) -> Any:
         raw = await request.body()
@@ -338,15 +350,15 @@ def create_app(config: EmulatorConfig) -> Starlette:
         renderer = cls(parsed, req, config)
         return GenerationResponse(engine, req, renderer, parsed.stream, headers_first=False)
 
-    @api
+    @_api
     async def chat(request: Request) -> Any:
         return await openai_route(request, "chat")
 
-    @api
+    @_api
     async def completions(request: Request) -> Any:
         return await openai_route(request, "completions")
 
-    @api
+    @_api
     async def generate(request: Request) -> Any:
         raw = await request.body()
         body = P.parse_json_body(raw, request.headers.get("content-type"), require_json_type=False)
@@ -363,6 +375,17 @@ def create_app(config: EmulatorConfig) -> Starlette:
         )
         renderer = GenerateRenderer(parsed, req, config)
         return GenerationResponse(engine, req, renderer, parsed.stream, headers_first=True)
+
+    return [
+        Route(sglang_api.CHAT_COMPLETIONS, chat, methods=["POST"]),
+        Route(sglang_api.COMPLETIONS, completions, methods=["POST"]),
+        Route(sglang_api.GENERATE, generate, methods=["POST", "PUT"]),
+    ]
+
+
+def _info_routes(state: EmulatorState, registry: Any) -> list[Route]:
+    """The routes that describe the server: health, model and server info, models, /metrics."""
+    config = state.config
 
     async def health(request: Request) -> Response:
         if time.monotonic() - state.started < config.startup_delay_s:
@@ -411,23 +434,7 @@ def create_app(config: EmulatorConfig) -> Starlette:
     async def metrics_route(request: Request) -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    async def http_error(request: Request, exc: Exception) -> Response:
-        # FastAPI's default body for routing errors: {"detail": ...}
-        assert isinstance(exc, HTTPException)
-        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        engine.start()
-        try:
-            yield
-        finally:
-            await engine.stop()
-
-    routes = [
-        Route(sglang_api.CHAT_COMPLETIONS, chat, methods=["POST"]),
-        Route(sglang_api.COMPLETIONS, completions, methods=["POST"]),
-        Route(sglang_api.GENERATE, generate, methods=["POST", "PUT"]),
+    return [
         Route(sglang_api.HEALTH, health, methods=["GET"]),
         Route(sglang_api.HEALTH_GENERATE, health, methods=["GET"]),
         *(Route(path, model_info, methods=["GET"]) for path in sglang_api.MODEL_INFO_PATHS),
@@ -437,14 +444,26 @@ def create_app(config: EmulatorConfig) -> Starlette:
         Route(sglang_api.METRICS, metrics_route, methods=["GET"]),
         Route(sglang_api.METRICS + "/", metrics_route, methods=["GET"]),
     ]
-    app = Starlette(
-        routes=routes,
-        lifespan=lifespan,
-        exception_handlers={HTTPException: http_error},
-        middleware=[Middleware(HttpMetricsMiddleware, metrics=metrics)],
-    )
-    app.state.emulator = state
-    return app
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    # FastAPI's default body for routing errors: {"detail": ...}
+    assert isinstance(exc, HTTPException)
+    return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
+
+
+def _lifespan(
+    engine: Engine,
+) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        engine.start()
+        try:
+            yield
+        finally:
+            await engine.stop()
+
+    return lifespan
 
 
 def model_card(config: EmulatorConfig, model_id: str | None = None) -> dict[str, Any]:
