@@ -69,8 +69,7 @@ def exporter(argv: Sequence[str]) -> str | None:
 def launcher(environ: Mapping[str, Any]) -> str | None:
     """The launcher's own input checks (profile, TP, nodes, port, extra args, switches), as it
     runs them before it looks at the GPUs or SGLang."""
-    from glmserve.launch import checks
-    from glmserve.launch.cli import PROG, _parser, resolve_inputs
+    from glmserve.launch.cli import PROG, _parser, fp8_switches, resolve_inputs
     from glmserve.launch.errors import LaunchError
     from glmserve.launch.profiles import find_profiles_dir, load_profile
 
@@ -79,8 +78,7 @@ def launcher(environ: Mapping[str, Any]) -> str | None:
         profile = load_profile(_profiles_dir(find_profiles_dir), env.get("GLMSERVE_PROFILE", ""))
         # Compose gives the launcher no options, only this environment: its parser's defaults.
         resolve_inputs(_parser().parse_args([]), [], profile, env)
-        checks.fp8_gather_state(env)
-        checks.fp8_attention_request(env)
+        fp8_switches(env)
     except LaunchError as exc:
         return f"{PROG}: error: {exc}"
     return None

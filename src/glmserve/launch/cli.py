@@ -360,27 +360,105 @@ def _report(
     }
 
 
+@dataclass(frozen=True)
+class Fp8Switches:
+    """The FP8 switches as the deployment set them, parsed once (glmserve.switches)."""
+
+    gather: str  # "on" or "off" for the build info
+    request: str  # native or gather (pinned), or auto
+
+
+@dataclass(frozen=True)
+class Validated:
+    """Everything the checks established before anything started, for the steps after."""
+
+    plan: Plan
+    backend: str | None  # the decode attention backend the argv selects
+    patched_path: bool  # whether that backend runs the patched file
+    site: Path | None
+    version: str | None
+    marker: dict[str, Any] | None
+    fp8: Fp8Switches
+    sglang_info: dict[str, Any]
+    warnings: list[str]
+    shown: list[str]  # the argv as printed (secret values redacted)
+
+
+@dataclass(frozen=True)
+class Fp8Decode:
+    """The FP8 decode path SGLang serves with, why, and both paths' timing where measured."""
+
+    path: str
+    why: str
+    timing: dict[str, Any]
+
+
 def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> int:
     out = out or sys.stdout
     err = err or sys.stderr
     own, extra_cli = split_passthrough(argv)
     ns = _parser().parse_args(own)
     environ = host.environ
-
     profiles_dir = find_profiles_dir(environ, _pick(ns.profiles_dir, environ, "profiles_dir"))
     if ns.list_profiles:
         for name in available(profiles_dir):
-            prof = load_profile(profiles_dir, name)
-            print(f"{name}\t{prof.description}", file=out)
+            print(f"{name}\t{load_profile(profiles_dir, name).description}", file=out)
         return 0
+    profile = load_profile(profiles_dir, _profile_name(ns, environ, profiles_dir))
+    inputs = resolve_inputs(ns, extra_cli, profile, environ)
+
+    # --- validation: nothing has started yet ---
+    ready = validate(profile, inputs, host, dry_run=ns.dry_run)
+    if ns.dry_run:
+        report = _report(
+            ready.plan, ready.shown, ready.sglang_info, "not probed (--dry-run)", ready.warnings,
+            _fit(ready.plan, None),
+        )  # fmt: skip
+        _print_json(report, out)
+        return 0
+    gpu_line, fitted, fp8_gather = check_host(ready, host, err)
+    if ns.check:
+        _print_json(
+            _report(ready.plan, ready.shown, ready.sglang_info, gpu_line, ready.warnings, fitted),
+            out,
+        )
+        return 0
+    checks.check_build_info_target(inputs.build_info)
+
+    # --- start sequence ---
+    for warning in ready.warnings:
+        print(f"{PROG}: warning: {warning}", file=err)
+    env, decode = self_test(ready, fp8_gather, host, err)
+    write_build_info(ready, fp8_gather, decode)
+    print(f"{PROG}: profile {profile.name} on {gpu_line}; exec {json.dumps(ready.shown)}", file=err)
+    out.flush()
+    err.flush()
+    host.execvpe(ready.plan.argv[0], ready.plan.argv, env)
+    return 0  # only reached when execvpe is a test double
+
+
+def _print_json(report: dict[str, Any], out: Any) -> None:
+    json.dump(report, out, indent=2)
+    out.write("\n")
+
+
+def _profile_name(ns: argparse.Namespace, environ: Mapping[str, str], profiles_dir: Path) -> str:
     name = _pick(ns.profile, environ, "profile")
     if name is None:
         listing = ", ".join(available(profiles_dir)) or "(none)"
         raise LaunchError(f"no profile given (--profile or GLMSERVE_PROFILE); available: {listing}")
-    profile = load_profile(profiles_dir, name)
-    inputs = resolve_inputs(ns, extra_cli, profile, environ)
+    return name
 
-    # --- validation: nothing has started yet ---
+
+def fp8_switches(env: Mapping[str, str]) -> Fp8Switches:
+    """Both FP8 switches, validated on every path (compose always passes them)."""
+    return Fp8Switches(checks.fp8_gather_state(env), checks.fp8_attention_request(env))
+
+
+def validate(profile: Profile, inputs: Inputs, host: Host, dry_run: bool) -> Validated:
+    """The model, SGLang and its patch, the argv, the switches and the cache dir, in the order
+    the refusals are most useful; nothing starts."""
+    environ = host.environ
     model_config = checks.check_model(profile, inputs.model_path)
     plan = build_plan(profile, inputs, environ, sys.executable, model_config)
     backend = decode_attention_backend(plan.argv)
@@ -388,7 +466,7 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
     site = host.sglang_site()
     # compose's launcher service dry-runs in the tools image, so that seeing the command needs
     # no SGLang base image: the plan is the same, and SGLang itself is checked where it runs.
-    without_sglang = site is None and ns.dry_run
+    without_sglang = site is None and dry_run
     version = host.detect_version(site) if site is not None else None
     half = host.interrupted_patch(site) if site is not None else None
     if half is not None:
@@ -409,121 +487,118 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise LaunchError(f"patched SGLang in {site} fails the preflight: {problems[0]}{more}")
-    # Validated on every path (compose always passes it), recorded only where it means something.
-    gather = checks.fp8_gather_state(plan.env)
-    fp8_gather = gather if patched_path else ""
-    fp8_request = checks.fp8_attention_request(plan.env)
+    fp8 = fp8_switches(plan.env)
     checks.check_writable_dir(checks.flashinfer_cache_dir(plan.env), "FlashInfer JIT cache dir")
-    series = str((marker or {}).get("series", ""))
     sglang_info = {
         "version": NOT_HERE if without_sglang else str(version),
         "site": NOT_HERE if without_sglang else str(site),
-        "patch_series": series,
+        "patch_series": str((marker or {}).get("series", "")),
         "attention_backend": backend or "(SGLang's choice)",
         "patch_in_use": patched_path,
-        "fp8_gather": fp8_gather or "n/a",
+        # Recorded only where it means something.
+        "fp8_gather": fp8.gather if patched_path else "n/a",
     }
     warnings = [w for w in [checks.cuda_graph_warning(plan.argv)] if w]
-    shown = sglang_argv.redact(parser, plan.argv)  # what is printed; SGLang gets plan.argv
     if without_sglang:
         warnings.append(
-            f"no SGLang in this image: its version ({' or '.join(sglang_versions(profile))} expected) and the "
-            "patch are checked when the server image starts"
+            f"no SGLang in this image: its version ({' or '.join(sglang_versions(profile))} "
+            "expected) and the patch are checked when the server image starts"
         )
-    if ns.dry_run:
-        fitted = _fit(plan, None)
-        report = _report(plan, shown, sglang_info, "not probed (--dry-run)", warnings, fitted)
-        json.dump(report, out, indent=2)
-        out.write("\n")
-        return 0
+    shown = sglang_argv.redact(parser, plan.argv)  # what is printed; SGLang gets plan.argv
+    return Validated(
+        plan, backend, patched_path, site, version, marker, fp8, sglang_info, warnings, shown
+    )
 
+
+def check_host(ready: Validated, host: Host, err: Any) -> tuple[str, fit.Fit | None, str]:
+    """The driver, the GPUs and the fit: (the GPUs as one line, the fit, the FP8 gather state
+    that will really run: "" where the patch does not, "off" on GPUs it cannot run on)."""
+    plan, inputs = ready.plan, ready.plan.inputs
     # The driver first: with one too old for the image's CUDA, torch reports no GPUs at all.
-    checks.check_driver(host.driver_version(), host.cuda_version(environ))
-    gpus = host.gpus(environ)
-    checks.check_gpus(profile, inputs.tp, gpus, inputs.allow_any_arch, inputs.nnodes)
-    local = inputs.tp // inputs.nnodes
-    gpu_line = ", ".join(f"{g.index}:{g.name} (sm {g.capability_str})" for g in gpus[:local])
+    checks.check_driver(host.driver_version(), host.cuda_version(host.environ))
+    gpus = host.gpus(host.environ)
+    checks.check_gpus(plan.profile, inputs.tp, gpus, inputs.allow_any_arch, inputs.nnodes)
+    local = gpus[: inputs.tp // inputs.nnodes]
+    gpu_line = ", ".join(f"{g.index}:{g.name} (sm {g.capability_str})" for g in local)
     fitted = _fit(plan, gpus)
+    fp8_gather = ready.fp8.gather if ready.patched_path else ""
     # The patched SGLang turns the gather off by itself on such GPUs: say so, record what runs.
-    unsupported = checks.fp8_gather_unsupported(gpus[:local]) if fp8_gather == "on" else None
+    unsupported = checks.fp8_gather_unsupported(local) if fp8_gather == "on" else None
     if unsupported is not None:
         print(f"{PROG}: {unsupported}", file=err)
-        fp8_gather = sglang_info["fp8_gather"] = "off"
-    if ns.check:
-        json.dump(_report(plan, shown, sglang_info, gpu_line, warnings, fitted), out, indent=2)
-        out.write("\n")
-        return 0
-    checks.check_build_info_target(inputs.build_info)
+        fp8_gather = ready.sglang_info["fp8_gather"] = "off"
+    return gpu_line, fitted, fp8_gather
 
-    # --- start sequence ---
-    fp8_why = (
-        f"pinned by {switches.FP8_ATTENTION.name}={fp8_request}"
-        if fp8_request in switches.FP8_PATHS
-        else "default (not timed)"
-    )
-    fp8_timing: dict[str, Any] = {}
-    # SGLang reads one of the two paths: the default (native) until the self-test decides.
-    plan.env.update(switches.FP8_ATTENTION.setting(switches.fp8_attention_path(plan.env)))
-    for warning in warnings:
-        print(f"{PROG}: warning: {warning}", file=err)
-    if not patched_path:
+
+def self_test(
+    ready: Validated, fp8_gather: str, host: Host, err: Any
+) -> tuple[dict[str, str], Fp8Decode]:
+    """Run the kernel self-test where the patched path serves; refuse on a failure (unless
+    overridden). Returns SGLang's environment, with the decode path it serves, and that path."""
+    plan, request = ready.plan, ready.fp8.request
+    # Until the self-test decides, the default: the pinned path, else native.
+    path = request if request in switches.FP8_PATHS else switches.NATIVE
+    why = f"pinned by {switches.FP8_ATTENTION.name}={request}" if request == path else ""
+    decode = Fp8Decode(path, why or "default (not timed)", {})
+    env = {**plan.env, **switches.FP8_ATTENTION.setting(path)}
+    if not ready.patched_path:
         print(
-            f"{PROG}: self-test not run: attention backend {backend or '(SGLang default)'} "
+            f"{PROG}: self-test not run: attention backend {ready.backend or '(SGLang default)'} "
             "does not use the patched flashinfer MLA path",
             file=err,
         )
-    elif inputs.skip_selftest:
+        return env, decode
+    if plan.inputs.skip_selftest:
         print(f"{PROG}: self-test skipped by override", file=err)
-    else:
-        # The shape the self-test times both decode paths at: this model's heads per rank and
-        # this server's decode batches (pathtiming); the server ignores these variables.
-        plan.env.update(checks.decode_timing_env(plan.argv, plan.model_config, plan.inputs.tp))
-        status, detail, native, timing = host.run_selftest(plan.env)
-        if status not in ("passed", "skipped"):
-            raise LaunchError(
-                f"kernel self-test {status}: {detail}; refusing to serve "
-                "(override: --skip-selftest or GLMSERVE_SKIP_SELFTEST=1)"
-            )
-        print(f"{PROG}: self-test {status}: {detail}", file=err)
-        if native:
-            print(f"{PROG}: native FP8 decode self-test {native}", file=err)
-        if fp8_gather == "on" and (native or timing):
-            chosen, fp8_why = checks.choose_fp8_attention(fp8_request, native, timing)
-            if native.startswith("failed"):
-                # The gather path has just been proven bit-identical; serve on it, not refuse.
-                print(
-                    f"{PROG}: serving with {switches.FP8_ATTENTION.name}=gather instead", file=err
-                )
-            else:
-                print(f"{PROG}: FP8 decode path {chosen}: {fp8_why}", file=err)
-            plan.env.update(switches.FP8_ATTENTION.setting(chosen))
-            fp8_timing = timing
-    buildinfo.clear_launch_error(inputs.build_info)  # a previous refusal no longer holds
+        return env, decode
+    # The shape the self-test times both decode paths at: this model's heads per rank and
+    # this server's decode batches (pathtiming); the server ignores these variables.
+    env.update(checks.decode_timing_env(plan.argv, plan.model_config, plan.inputs.tp))
+    status, detail, native, timing = host.run_selftest(env)
+    if status not in ("passed", "skipped"):
+        raise LaunchError(
+            f"kernel self-test {status}: {detail}; refusing to serve "
+            "(override: --skip-selftest or GLMSERVE_SKIP_SELFTEST=1)"
+        )
+    print(f"{PROG}: self-test {status}: {detail}", file=err)
+    if native:
+        print(f"{PROG}: native FP8 decode self-test {native}", file=err)
+    if fp8_gather == "on" and (native or timing):
+        chosen, why = checks.choose_fp8_attention(request, native, timing)
+        if native.startswith("failed"):
+            # The gather path has just been proven bit-identical; serve on it, not refuse.
+            print(f"{PROG}: serving with {switches.FP8_ATTENTION.name}=gather instead", file=err)
+        else:
+            print(f"{PROG}: FP8 decode path {chosen}: {why}", file=err)
+        decode = Fp8Decode(chosen, why, timing)
+        env.update(switches.FP8_ATTENTION.setting(chosen))
+    return env, decode
+
+
+def write_build_info(ready: Validated, fp8_gather: str, decode: Fp8Decode) -> None:
+    target = ready.plan.inputs.build_info
+    buildinfo.clear_launch_error(target)  # a previous refusal no longer holds
+    patch_runs = fp8_gather == "on"
     buildinfo.write_build_info(
-        inputs.build_info,
+        target,
         {
-            "sglang_version": str(version),
+            "sglang_version": str(ready.version),
             # What is installed, even where this profile's path does not run it; the
             # attention backend (and fp8_gather left empty) says whether it does.
-            "patch_series": series,
-            "patch_lock_sha256": str((marker or {}).get("lock_sha256", "")),
+            "patch_series": str((ready.marker or {}).get("series", "")),
+            "patch_lock_sha256": str((ready.marker or {}).get("lock_sha256", "")),
             "fp8_gather": fp8_gather,
             # The decode path the patched backend takes (empty where the patch does not run),
             # what was asked of it (native, gather, or auto: the faster here), why it runs,
             # and both paths' µs per layer where the self-test timed them.
-            "fp8_attention": switches.fp8_attention_path(plan.env) if fp8_gather == "on" else "",
-            "fp8_attention_requested": fp8_request if fp8_gather == "on" else "",
-            "fp8_attention_why": fp8_why if fp8_gather == "on" else "",
-            "fp8_attention_timing": fp8_timing if fp8_gather == "on" else {},
-            "attention_backend": backend,
+            "fp8_attention": decode.path if patch_runs else "",
+            "fp8_attention_requested": ready.fp8.request if patch_runs else "",
+            "fp8_attention_why": decode.why if patch_runs else "",
+            "fp8_attention_timing": decode.timing if patch_runs else {},
+            "attention_backend": ready.backend,
             "source": "launcher",
         },
     )
-    print(f"{PROG}: profile {profile.name} on {gpu_line}; exec {json.dumps(shown)}", file=err)
-    out.flush()
-    err.flush()
-    host.execvpe(plan.argv[0], plan.argv, plan.env)
-    return 0  # only reached when execvpe is a test double
 
 
 HOLD_ENV = "GLMSERVE_HOLD_ON_ERROR"
