@@ -111,9 +111,9 @@ if [[ " ${services[*]} " == *" grafana "* ]]; then
     echo "  Grafana, dashboard TPOT http://$(setting services.grafana.environment.GF_SERVER_HTTP_ADDR):$(setting services.grafana.environment.GF_SERVER_HTTP_PORT)"
 fi
 echo "TPOT in Prometheus (the lines fill in over the first minutes):"
-"$PY" -m glmserve.monitoring.preview --prometheus "$prometheus" --links | sed 's/^/  /'
+"$PY" -m glmserve.dashboard.preview --prometheus "$prometheus" --links | sed 's/^/  /'
 echo "The dashboard as a PNG, without Grafana:"
-echo "  .venv/bin/python -m glmserve.monitoring.preview --prometheus $prometheus --output dashboard-preview.png"
+echo "  .venv/bin/python -m glmserve.dashboard.preview --prometheus $prometheus --output dashboard-preview.png"
 echo "Load it (another shell):"
 echo "  . .venv/bin/activate && locust -f loadtest/decode.py --headless -H $sglang -u 8 --measure-s 60 --slo-tpot-ms 50"
 echo "Stop: docker compose --profile emulated down"

@@ -66,7 +66,7 @@ def test_the_demo_says_what_it_did_and_where_to_look(emulated_stack: Stack) -> N
     assert len(links) == 2, lines
     query = urllib.parse.parse_qs(urllib.parse.urlsplit(tpot_link(emulated_stack)).query)
     assert query["g0.expr"] == [TPOT_RULE]
-    preview = f"  .venv/bin/python -m glmserve.monitoring.preview --prometheus {prometheus} --output dashboard-preview.png"
+    preview = f"  .venv/bin/python -m glmserve.dashboard.preview --prometheus {prometheus} --output dashboard-preview.png"
     assert preview in lines
     assert any(
         ln.startswith("  . .venv/bin/activate && locust -f loadtest/decode.py") for ln in lines

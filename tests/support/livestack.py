@@ -257,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--output", required=True)
     p.add_argument("--prometheus", default="prometheus")
     args = p.parse_args(argv)
-    from glmserve.monitoring.preview import render_preview
+    from glmserve.dashboard.preview import render_preview
 
     # A load shape so the preview shows the panels move: 2 -> 8 -> 16 users (> the emulator's
     # 12 slots, so some queue) -> 4.

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from glmserve.monitoring import dashboard
+from glmserve.dashboard import grafana as dashboard
 
 ROOT = Path(__file__).resolve().parents[2]
 MON = ROOT / "monitoring"
@@ -29,7 +29,7 @@ def recorded_names() -> set[str]:
 
 
 def test_committed_json_is_the_generator_output():
-    """Regenerate with: python -m glmserve.monitoring.dashboard --output <path>."""
+    """Regenerate with: python -m glmserve.dashboard --output <path>."""
     assert DASHBOARD.read_text() == dashboard.render()
     assert dashboard.main(["--check", str(DASHBOARD)]) == 0
 

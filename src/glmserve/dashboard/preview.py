@@ -1,10 +1,10 @@
 """The TPOT dashboard without Grafana: a matplotlib PREVIEW of its time-series panels, and
 Prometheus graph links for its TPOT panels.
 
-    python -m glmserve.monitoring.preview --prometheus http://127.0.0.1:9090 [--output F.png]
-    python -m glmserve.monitoring.preview --prometheus http://127.0.0.1:9090 --links
+    python -m glmserve.dashboard.preview --prometheus http://127.0.0.1:9090 [--output F.png]
+    python -m glmserve.dashboard.preview --prometheus http://127.0.0.1:9090 --links
 
-The panel queries come from glmserve.monitoring.dashboard (not retyped), evaluated over a range
+The panel queries come from glmserve.dashboard.grafana (not retyped), evaluated over a range
 against a live Prometheus and drawn one subplot per panel; the image says it is a preview. Where
 Grafana's image cannot be pulled this is how the dashboard is seen (the demo prints both).
 """
@@ -24,10 +24,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from glmserve.dashboard.grafana import Panel, panels
 from glmserve.exporter.canary import TPOT_SLO_S
-from glmserve.monitoring.dashboard import Panel, panels
 
-PROG = "python -m glmserve.monitoring.preview"
+PROG = "python -m glmserve.dashboard.preview"
 # Grafana's $__rate_interval is >= 4 scrape intervals; 1m is what the shipped 15 s gives.
 RATE_INTERVAL = "1m"
 # Two limits that are often equal (the emulator, and profiles that cap the running batch at the

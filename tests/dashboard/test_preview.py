@@ -1,6 +1,6 @@
 """The dashboard preview drawn from fixed Prometheus answers, read back from matplotlib's Axes,
 and the TPOT panels' Prometheus graph links. (The same command against a live Prometheus:
-tests/monitoring/test_dashboard_queries.py.)"""
+tests/dashboard/test_dashboard_queries.py.)"""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 from support.net import free_port
 
-from glmserve.monitoring.dashboard import panels
-from glmserve.monitoring.preview import LINE_STYLES, panel_exprs, preview_figure, tpot_links
+from glmserve.dashboard.grafana import panels
+from glmserve.dashboard.preview import LINE_STYLES, panel_exprs, preview_figure, tpot_links
 
 START, END = 1_000_000.0, 1_000_300.0
 
@@ -137,7 +137,7 @@ def test_tpot_links_graph_each_tpot_panels_queries():
 def test_unreachable_prometheus_is_one_line_and_exit_1(tmp_path):
     out = tmp_path / "p.png"
     proc = subprocess.run(
-        [sys.executable, "-m", "glmserve.monitoring.preview",
+        [sys.executable, "-m", "glmserve.dashboard.preview",
          "--prometheus", f"http://127.0.0.1:{free_port()}", "--output", str(out)],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip

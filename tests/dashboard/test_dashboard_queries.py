@@ -78,17 +78,17 @@ def test_info_series_describes_the_emulator(stack: LiveStack):
 
 
 def test_preview_command_draws_the_live_panels(stack: LiveStack, tmp_path: Path):
-    """`python -m glmserve.monitoring.preview --prometheus URL`, the product command, against
+    """`python -m glmserve.dashboard.preview --prometheus URL`, the product command, against
     the live Prometheus: a PNG of every time-series panel, none of them empty."""
     import subprocess
     import sys
 
-    from glmserve.monitoring.preview import PrometheusHTTP, preview_figure
+    from glmserve.dashboard.preview import PrometheusHTTP, preview_figure
 
     wait_all_series(stack.prometheus)
     out = tmp_path / "preview.png"
     proc = subprocess.run(
-        [sys.executable, "-m", "glmserve.monitoring.preview",
+        [sys.executable, "-m", "glmserve.dashboard.preview",
          "--prometheus", stack.prometheus.url, "--output", str(out), "--minutes", "1"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip

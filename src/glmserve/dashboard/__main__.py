@@ -1,0 +1,5 @@
+import sys
+
+from glmserve.dashboard.grafana import main
+
+sys.exit(main())
