@@ -1,4 +1,5 @@
-"""The decode cost MODEL reproduces the lab table it is built from (FACTS.md, H200)."""
+"""The decode cost MODEL reproduces the lab table it is built from (H200; the table is in
+glmserve.emulator.costmodel)."""
 
 from __future__ import annotations
 
