@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,8 @@ from support.stack import dockerfile_arg
 from glmserve import sglang_api
 from glmserve.doctor.compose import load as load_compose
 from glmserve.launch.profiles import available, find_profiles_dir
+from glmserve.series.errors import PatchError
+from glmserve.series.wheels import default_cache_dir, fetch_wheel
 
 REPO = Path(__file__).resolve().parents[1]
 PINNED = sglang_api.PINNED
@@ -113,3 +116,17 @@ def test_few_files_spell_an_sglang_version() -> None:
             spelling.add(name)
     assert spelling <= MAY_SPELL_A_VERSION, sorted(spelling - MAY_SPELL_A_VERSION)
     assert len(MAY_SPELL_A_VERSION) <= 8
+
+
+def test_the_pinned_lines_pins_are_its_wheels() -> None:
+    """torch, FlashInfer and sglang-kernel as the line says are what the SGLang wheel requires."""
+    try:
+        wheel = fetch_wheel(PINNED.version, default_cache_dir())
+    except PatchError as exc:
+        require(False, f"cannot get the sglang {PINNED.version} wheel: {exc}")
+    with zipfile.ZipFile(wheel) as zf:
+        meta = zf.read(f"sglang-{PINNED.version}.dist-info/METADATA").decode()
+    pins = dict(re.findall(r"^Requires-Dist: ([A-Za-z0-9_.-]+)==([^\s;]+)", meta, re.M))
+    assert pins["torch"] == PINNED.torch
+    assert pins["flashinfer_python"] == pins["flashinfer_cubin"] == PINNED.flashinfer
+    assert pins["sglang-kernel"] == PINNED.sglang_kernel
