@@ -38,8 +38,8 @@ from glmserve.emulator.protocol import (
     CHAT_MESSAGE_OVERHEAD,
     count_text_tokens,
 )
-from glmserve.emulator.testing import start_process
 from glmserve.streaming import StreamError, StreamRequest, StreamTimer, summarize
+from glmserve.testing.emulator import start_process
 
 try:
     import uvloop

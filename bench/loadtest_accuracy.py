@@ -35,7 +35,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from glmserve.emulator.testing import start_process
+from glmserve.testing.emulator import start_process
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"

@@ -78,3 +78,16 @@ def test_old_entry_points_still_run(old: str, usage: str) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(usage), proc.stdout
+
+
+def test_no_product_module_needs_the_test_instruments() -> None:
+    """glmserve.testing is left out of the wheel (pyproject.toml), so nothing shipped imports it."""
+    pyproject = (SRC.parent / "pyproject.toml").read_text()
+    assert 'exclude = ["glmserve.testing", "glmserve.testing.*"]' in pyproject
+    shipped = [p.name for p in (SRC / "glmserve").iterdir() if p.is_dir() and p.name != "testing"]
+    found = [
+        line
+        for room in shipped
+        for line in offenders(room, lambda name: not name.startswith("glmserve.testing"))
+    ]
+    assert found == []

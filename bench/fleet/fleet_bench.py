@@ -46,8 +46,8 @@ if (REPO / "src" / "glmserve").is_dir():
 
 from glmserve import sglang_api  # noqa: E402
 from glmserve.fleet.router import ROUTER_PACKAGE  # noqa: E402
-from glmserve.fleet.testing import start_router  # noqa: E402
 from glmserve.serverproc import ServerProcess, free_port, stop_all  # noqa: E402
+from glmserve.testing.router import start_router  # noqa: E402
 
 LOCUSTFILE = REPO / "loadtest" / "decode.py"
 # Router health settings for the bench: fast registration, no effect on routed requests.

@@ -2,14 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
+import e2e_analysis as an  # bench/e2e (pytest's pythonpath)
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "e2e"))
-
-import e2e_analysis as an
 
 
 def test_plan_one_gpu_has_the_triple_and_the_deep_group_on_gpu0() -> None:

@@ -9,14 +9,12 @@ import os
 import sys
 from pathlib import Path
 
+import e2e_analysis as an  # bench/e2e (pytest's pythonpath)
 import pytest
+from support.launch import dry_run_plan
+from support.policy import require
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "bench" / "e2e"))
-
-import e2e_analysis as an  # noqa: E402
-from support.launch import dry_run_plan  # noqa: E402
-from support.policy import require  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("e2e_harness", REPO / "bench" / "e2e" / "harness.py")
 assert _spec and _spec.loader

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from glmserve.emulator.testing import RunningEmulator, emulator_thread
+from glmserve.testing.emulator import RunningEmulator, emulator_thread
 
 
 @pytest.fixture(scope="module")

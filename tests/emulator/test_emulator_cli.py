@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from glmserve.emulator.config import parse_config
-from glmserve.emulator.testing import emulator_process
+from glmserve.testing.emulator import emulator_process
 
 
 def test_documented_invocation_parses():

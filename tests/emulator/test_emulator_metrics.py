@@ -14,7 +14,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from glmserve.emulator.testing import emulator_thread
+from glmserve.testing.emulator import emulator_thread
 
 REFERENCE = json.loads(
     (Path(__file__).parent / "data" / "sglang-0.5.12.post1-metrics.json").read_text()

@@ -7,8 +7,8 @@ import pytest
 from support.sse import json_events
 
 from glmserve.emulator.protocol import NATURAL_MIN, NATURAL_SPAN, natural_length, tokens_text
-from glmserve.emulator.testing import emulator_thread
 from glmserve.streaming import StreamRequest, StreamTimer
+from glmserve.testing.emulator import emulator_thread
 
 CHAT = {
     "model": "glm",

@@ -20,7 +20,7 @@ from glmserve.emulator.config import EmulatorConfig
 from glmserve.emulator.costmodel import DecodeCostModel
 from glmserve.emulator.engine import Engine, GenRequest
 from glmserve.emulator.metrics import MetricsState
-from glmserve.emulator.testing import emulator_thread
+from glmserve.testing.emulator import emulator_thread
 
 
 class FakeClock:

@@ -21,14 +21,9 @@ pytest.importorskip("smg", reason="pip install '.[router]'")
 
 
 def load_bench():
-    import importlib.util
+    import fleet_bench  # bench/fleet (pytest's pythonpath)
 
-    spec = importlib.util.spec_from_file_location("fleet_bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    sys.modules["fleet_bench"] = module
-    spec.loader.exec_module(module)
-    return module
+    return fleet_bench
 
 
 @pytest.mark.slow

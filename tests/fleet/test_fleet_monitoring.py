@@ -23,11 +23,11 @@ import yaml
 from support.fleet import emulator_args, port_of
 from support.livestack import PROM_DIR, Load, Prometheus, wait_all_series
 
-from glmserve.emulator.testing import RunningEmulator, start_process
 from glmserve.fleet.router import RouterConfig
 from glmserve.fleet.spec import FleetSpec, Worker, write_targets
-from glmserve.fleet.testing import RunningRouter, start_router
 from glmserve.serverproc import free_port
+from glmserve.testing.emulator import RunningEmulator, start_process
+from glmserve.testing.router import RunningRouter, start_router
 
 pytest.importorskip("smg", reason="pip install '.[router]'")
 pytestmark = pytest.mark.slow

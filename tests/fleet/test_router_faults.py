@@ -26,10 +26,10 @@ from support.fleet import (
     worker_requests,
 )
 
-from glmserve.emulator.testing import RunningEmulator, start_process
 from glmserve.fleet.router import RouterConfig
-from glmserve.fleet.testing import start_router
 from glmserve.streaming import FAILURE_REASONS
+from glmserve.testing.emulator import RunningEmulator, start_process
+from glmserve.testing.router import start_router
 
 pytest.importorskip("smg", reason="pip install '.[router]'")
 pytestmark = pytest.mark.slow

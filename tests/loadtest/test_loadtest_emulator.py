@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from support.locust_run import run_locust
 
-from glmserve.emulator.testing import emulator_process
+from glmserve.testing.emulator import emulator_process
 
 TPOT_MS, TTFT_MS, K = 20.0, 300.0, 2
 TPOT_BOUND, TTFT_BOUND = 0.05, 0.10  # relative; the benchmark's bound is 0.02

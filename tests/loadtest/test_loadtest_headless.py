@@ -170,7 +170,6 @@ def test_bad_option_is_one_line_and_exit_2(tmp_path: Path, host, args, line) -> 
 
 PARSE = """
 import sys
-sys.path.insert(0, {root!r})
 import glmserve.loadtest.plugin as p
 p.register()
 from locust.argument_parser import get_parser
@@ -179,8 +178,9 @@ print(get_parser(default_config_files=[]).parse_args(sys.argv[1:]).web_host)
 
 
 def web_host(*args: str, env_host: str | None = None) -> str:
-    code = PARSE.format(root=str(ROOT / "src"))
+    code = PARSE
     env = {k: v for k, v in os.environ.items() if k != "LOCUST_WEB_HOST"}
+    env["PYTHONPATH"] = str(ROOT / "src")  # this checkout's glmserve
     if env_host is not None:
         env["LOCUST_WEB_HOST"] = env_host
     out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
@@ -197,7 +197,6 @@ def test_web_ui_binds_loopback_unless_told_otherwise() -> None:
 
 REGISTER = """
 import importlib.metadata as md, sys
-sys.path.insert(0, {root!r})
 real, fake = md.version, {fake!r}
 if fake:  # what importlib.metadata would report for another installed release
     md.version = lambda name: fake if name == "geventhttpclient" else real(name)
@@ -210,8 +209,11 @@ print("registered")
 
 
 def register_with(fake: str | None) -> subprocess.CompletedProcess[str]:
-    code = REGISTER.format(root=str(ROOT / "src"), fake=fake)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    code = REGISTER.format(fake=fake)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}  # this checkout's glmserve
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+    )
 
 
 PINNED_GEVENTHTTPCLIENT = next(

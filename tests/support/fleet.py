@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 LOCUSTFILE = ROOT / "loadtest" / "decode.py"
 # A model dir that exists here: the router loads the tokenizer at the path a worker reports,
-# and would ask the Hugging Face Hub for a path it cannot find (see glmserve.fleet.testing).
+# and would ask the Hugging Face Hub for a path it cannot find (see glmserve.testing.router).
 LOCAL_MODEL = ROOT / "deploy" / "models" / "tiny-mla"
 
 

@@ -27,10 +27,10 @@ from typing import Any
 import httpx
 import yaml
 
-from glmserve.emulator.testing import RunningEmulator, start_process
 from glmserve.exporter.cli import Exporter, start
 from glmserve.exporter.config import ExporterConfig
 from glmserve.streaming import StreamError, StreamRequest, time_stream
+from glmserve.testing.emulator import RunningEmulator, start_process
 from support.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -279,6 +279,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT / "src"))
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     sys.exit(main())

@@ -1,6 +1,6 @@
 """Start an emulator for a test: in this process (a thread) or as a subprocess, on a free port.
 
-    from glmserve.emulator.testing import emulator_thread, emulator_process
+    from glmserve.testing.emulator import emulator_thread, emulator_process
 
     with emulator_thread(tpot_ms=5, ttft_ms=10) as emu:      # EmulatorConfig fields
         httpx.get(emu.url + "/v1/models")

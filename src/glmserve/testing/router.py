@@ -1,7 +1,7 @@
 """Start the real router (smg, the Shepherd Model Gateway) as a subprocess on 127.0.0.1, for tests
 and benches.
 
-    from glmserve.fleet.testing import router_process
+    from glmserve.testing.router import router_process
     with router_process([emu.url for emu in emulators], policy="round_robin") as router:
         router.url, router.metrics_url, router.healthy_workers()
 
