@@ -13,10 +13,10 @@
 
 # CPython 3.11 on Debian bookworm, multi-arch index digest.
 ARG TOOLS_BASE_IMAGE=python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
-# The pinned SGLang line's official image (its version, CUDA, torch and CPython live in
-# glmserve.sglang_api, which tests/test_sglang_lines.py checks these defaults against). The full
+# The default SGLang line's official image (its version, CUDA, torch and CPython live in
+# glmserve.sglang_lines, which tests/test_sglang_lines.py checks these defaults against). The full
 # (devel) variant, not -runtime: FlashInfer JIT-compiles the MLA kernels with nvcc at first start.
-# Another line: `python -m glmserve.sglang_api env --line VERSION >> .env` (compose passes them).
+# Another line: `python -m glmserve.sglang_lines build-args VERSION >> .env` (compose passes them).
 ARG BASE_IMAGE=lmsysorg/sglang:v0.5.12.post1-cu130@sha256:ceaf8b16e02d165143633ac228bbb994a05fe77d7e0526cf035ae4bbf4eacc36
 
 # --------------------------------------------------------------------------------------------

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Build THE device bundle (bench/device_run.sh, both jobs, carries it): a PYTHONPATH overlay with
-# the real SGLang wheel of the pinned line (glmserve.sglang_api), its FlashInfer and
+# the real SGLang wheel of the default line (glmserve.sglang_lines), its FlashInfer and
 # apache-tvm-ffi for Python 3.12, built by ../shared/tools/sglang-device-bundle.sh.
 #
-#   usage: bench/bundle.sh [OUT.tar.xz]      (default .bundle/sglang-VERSION.tar.xz, the pinned line)
+#   usage: bench/bundle.sh [OUT.tar.xz]      (default .bundle/sglang-VERSION.tar.xz, the default line)
 #          bench/bundle.sh --fleet [OUT]     (default .bundle/fleet.tar.xz; device_run.sh fleet)
 #   (bench/e2e/build_bundle.sh is this script)
 #
@@ -23,7 +23,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 fleet=""
 if [ "${1:-}" = "--fleet" ]; then fleet=1; shift; fi
-version=$(PYTHONPATH=src "${PYTHON:-python3}" -m glmserve.sglang_api version)
+version=$(PYTHONPATH=src "${PYTHON:-python3}" -m glmserve.sglang_lines get version)
 out=$(realpath -m "${1:-$([ -n "$fleet" ] && echo .bundle/fleet.tar.xz || echo ".bundle/sglang-$version.tar.xz")}")
 tool=${SGLANG_BUNDLE_TOOL:-/work/shared/tools/sglang-device-bundle.sh}
 [ -f "$tool" ] || { echo "bundle: $tool not found (set SGLANG_BUNDLE_TOOL)" >&2; exit 2; }

@@ -15,8 +15,8 @@
 #   Aliases: bench/e2e/device.sh = e2e, bench/e2e/native_device.sh = native,
 #            bench/fp8_decode_device.sh = fp8-decode.
 #
-# carry: .bundle/sglang-VERSION.tar.xz, VERSION the pinned line's (`python3 -m
-# glmserve.sglang_api version`; bench/bundle.sh builds it: the UNPATCHED SGLang overlay) and, if you have one, .bundle/jit-cache.tar.xz (the JIT caches an earlier call returned).
+# carry: .bundle/sglang-VERSION.tar.xz, VERSION the default line's (`python3 -m
+# glmserve.sglang_lines get version`; bench/bundle.sh builds it: the UNPATCHED SGLang overlay) and, if you have one, .bundle/jit-cache.tar.xz (the JIT caches an earlier call returned).
 # Both jobs share every other step: unpack the overlay, restore the JIT cache, apply the committed
 # series with patches/apply.py (so the GPU runs exactly the diff in the working tree), check it,
 # run the preflight, and ship the JIT cache back. glmserve comes from this working tree's src/.
@@ -32,7 +32,7 @@ set -uo pipefail
 : "${OUT:?OUT must name the folder that comes back}"
 job=kernel
 case "${1:-}" in kernel | correctness | e2e | native | fp8-decode | smoke | fleet) job=$1; shift ;; esac
-BUNDLE=${BUNDLE:-.bundle/sglang-$(PYTHONPATH=$PWD/src python3 -m glmserve.sglang_api version).tar.xz}
+BUNDLE=${BUNDLE:-.bundle/sglang-$(PYTHONPATH=$PWD/src python3 -m glmserve.sglang_lines get version).tar.xz}
 JIT_IN=${JIT_CACHE:-.bundle/jit-cache.tar.xz}
 WORK=${DEVICE_WORK:-/tmp/glmserve-device}
 SITE=$WORK/site

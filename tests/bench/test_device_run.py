@@ -189,11 +189,11 @@ def _stub_tool(tmp: Path, *, patched: bool = False) -> Path:
 
 
 def _checkout_copy(repo: Path) -> None:
-    """bundle.sh and the home it reads the pinned line from (glmserve.sglang_api)."""
+    """bundle.sh and the home it reads the pinned line from (glmserve.sglang_lines)."""
     (repo / "bench").mkdir(parents=True)
     shutil.copy(BUNDLE_SH, repo / "bench" / "bundle.sh")
     (repo / "src" / "glmserve").mkdir(parents=True)
-    for name in ("__init__.py", "sglang_api.py"):
+    for name in ("__init__.py", "sglang_lines.py"):
         shutil.copy(REPO / "src" / "glmserve" / name, repo / "src" / "glmserve" / name)
 
 

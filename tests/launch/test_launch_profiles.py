@@ -28,7 +28,7 @@ def test_the_required_profiles_ship():
 @pytest.mark.parametrize("name", PROFILE_NAMES)
 def test_shipped_profile_parses_and_documents_every_flag(name):
     profile = load_profile(PROFILES_DIR, name)
-    # Shipped profiles name no SGLang: the pinned line lists them (glmserve.sglang_api).
+    # Shipped profiles name no SGLang: the pinned line lists them (glmserve.sglang_lines).
     assert profile.sglang_version is None and sglang_versions(profile) == (PINNED,)
     flags = [a for a in profile.args if a.startswith("--")]
     assert flags and all(profile.notes[f].strip() for f in flags)

@@ -1,4 +1,4 @@
-"""The `sglang:` Prometheus metrics of the pinned SGLang (glmserve.sglang_api), fed by what the emulator serves.
+"""The `sglang:` Prometheus metrics of the default SGLang line (glmserve.sglang_lines), fed by what the emulator serves.
 
 Names, types, label names and bucket boundaries are those of the pinned wheel
 (`sglang/srt/observability/metrics_collector.py`); tests/emulator checks them against a list

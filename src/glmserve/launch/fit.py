@@ -1,6 +1,6 @@
 """Does the model fit, with room for KV? Computed from the model's config.json, never guessed.
 
-The pinned SGLang (glmserve.sglang_api) sizes its KV pool from what is left of
+The default SGLang line (glmserve.sglang_lines) sizes its KV pool from what is left of
 `mem_fraction_static x GPU memory` after the weights, so a replica that is too small fails minutes into loading, or starts with a
 pool that cannot hold one long request. This check runs before anything starts.
 

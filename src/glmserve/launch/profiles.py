@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from glmserve import sglang_api
+from glmserve import sglang_lines
 from glmserve.launch.errors import LaunchError, read_json
 
 SCHEMA_VERSION = 1
@@ -148,7 +148,7 @@ def _parse(raw: Any, path: Path) -> Profile:
     if raw["name"] != path.stem:
         raise _fail(path, f"'name' is {raw['name']!r} but the file is named {path.stem!r}")
     # Optional: the shipped profiles leave it out and the lines that list them decide
-    # (glmserve.sglang_api); a profile of one's own may pin its SGLang here.
+    # (glmserve.sglang_lines); a profile of one's own may pin its SGLang here.
     pinned = raw.get("sglang_version")
     if pinned is not None and (not isinstance(pinned, str) or not pinned):
         raise _fail(path, "'sglang_version' must be a non-empty string")
@@ -283,7 +283,7 @@ def uses_patched_path(argv: Sequence[str]) -> bool:
 
 def sglang_versions(profile: Profile) -> tuple[str, ...]:
     """The SGLang versions this profile is written for: its own pin, else every line in
-    glmserve.sglang_api that lists it."""
+    glmserve.sglang_lines that lists it."""
     if profile.sglang_version:
         return (profile.sglang_version,)
-    return tuple(line.version for line in sglang_api.lines_for_profile(profile.name))
+    return tuple(line.version for line in sglang_lines.lines_for_profile(profile.name))
