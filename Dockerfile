@@ -97,7 +97,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG GLMSERVE_VERSION=0.1.0
 ARG SGLANG_VERSION=0.5.12.post1
 ARG PATCH_SERIES=0.5.12.post1
-ARG PATCH_LOCK_SHA256=742568207b6b14d3f51988560d71f805f93afc0cd9309a30dd76daa3b1cb09e6
+ARG PATCH_LOCK_SHA256=71bb7e2ab96cce2351d8929fb2fcc02accbdc2e54e4702e3023095e831788943
 # The preflight also imports the new gather module (torch + Triton, present in the real base).
 # CI's torch-less stand-in base passes --no-import; the static checks still run there.
 ARG PREFLIGHT_ARGS=""

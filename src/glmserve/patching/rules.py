@@ -11,7 +11,8 @@ gather-then-cast decode (=gather, or a model/GPU native rules out), and the seri
 
   kv-source        the KV each `<wrapper>.run(...)` on a forward path reads is the gather's
                    output for THAT wrapper's own index buffer, converted from the same pool the
-                   upstream cast converts;
+                   upstream cast converts (or, where upstream converts a per-step KV buffer of
+                   only the step's rows, e.g. decode context parallelism's, that same cast);
   plan-rows        every plan site (method `.plan(...)`, an alias of it, or a plain-function
                    plan such as `fast_mla_decode_plan(wrapper, ...)`) is preceded, on every path
                    that reaches it, by `note_rows` of the very indptr value the plan uses,
@@ -183,6 +184,7 @@ def _check_forward(
     off_paths = _paths(module, cls, fn, SERIES_OFF, inline=True)
     _off_calls(off_paths, SERIES_OFF, report)
     upstream_pools: dict[int, set[Value]] = {}
+    upstream_steps: dict[int, set[Value]] = {}
     for ev in _events(off_paths, "run"):
         report.run_sites.add(ev.line)
         for kv in _run_kv_args(ev):
@@ -190,6 +192,8 @@ def _check_forward(
                 src = strip_views(alt)
                 if src[0] == "cast":
                     upstream_pools.setdefault(ev.line, set()).add(strip_views(src[1]))
+                elif src[0] == "stepcast":
+                    upstream_steps.setdefault(ev.line, set()).add(src[1])
                 else:
                     report.add(
                         ev.line,
@@ -221,7 +225,10 @@ def _check_forward(
                 report.add(ev.line, KV_SOURCE, f"{entry}: cannot find the KV arguments of run()")
             for kv in kvs:
                 for alt in alternatives(kv, ev.data["facts"]):
-                    _check_run_kv(entry, ev, wrapper, strip_views(alt), upstream_pools, report)
+                    src = strip_views(alt)
+                    if src[0] == "stepcast" and src[1] in upstream_steps.get(ev.line, ()):
+                        continue  # upstream's own conversion of a step-sized buffer
+                    _check_run_kv(entry, ev, wrapper, src, upstream_pools, report)
         natives = _events(on_paths, "native")
         for ev in natives:
             report.native_sites.add(ev.line)
