@@ -97,7 +97,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG GLMSERVE_VERSION=0.1.0
 ARG SGLANG_VERSION=0.5.12.post1
 ARG PATCH_SERIES=0.5.12.post1
-ARG PATCH_LOCK_SHA256=71bb7e2ab96cce2351d8929fb2fcc02accbdc2e54e4702e3023095e831788943
+ARG PATCH_LOCK_SHA256=e358c2f8c57beed26ab028a7ce9ed2958f9d1868b873ecdcb7a7a44381e7560f
 # The preflight also imports the new gather module (torch + Triton, present in the real base).
 # CI's torch-less stand-in base passes --no-import; the static checks still run there.
 ARG PREFLIGHT_ARGS=""

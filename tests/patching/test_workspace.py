@@ -104,7 +104,7 @@ def test_refusals_are_one_line_and_change_nothing(tmp_path, patches, monkeypatch
     assert committed.read_bytes() == old
 
 
-@pytest.mark.parametrize("source", ["0.5.17"])
+@pytest.mark.parametrize("source", ["0.5.17", "0.5.23"])
 def test_an_unedited_work_area_of_a_newer_series_reproduces_it(tmp_path, patches, source):
     """Each line's series is the diff of real files too, its second target file included."""
     (committed,) = (patches / source).glob("*.patch")

@@ -54,11 +54,16 @@ VIEW_METHODS = frozenset(
     {"view", "reshape", "narrow", "select", "unflatten", "flatten", "squeeze", "unsqueeze",
      "permute", "transpose", "expand", "contiguous", "__getitem__"}
 )  # fmt: skip
+# Module-level functions returning a view of their first argument (SGLang 0.5.23's
+# mem_cache/layout/paged_view.py: `[slots, ...]` as `[pages, page_size, ...]` by as_strided).
+VIEW_FUNCTIONS = frozenset({"paged_view", "paged_row_view", "paged_kv_view"})
 # FlashInfer's module-level plan ABI, called as `wrapper._cached_module.plan(...)`:
 # (float_ws, int_ws, pinned_ws, qo_indptr_host, kv_indptr_host, kv_len_host, ...).
 MODULE_PLAN_INDPTR = 4
 # BatchMLAPagedAttentionWrapper.plan(qo_indptr, kv_indptr, kv_indices, kv_len_arr, ...).
 WRAPPER_PLAN_INDPTR = 1
+# FlashInfer's MLA wrapper class: its constructions are recorded as "wrapper" events (backend=).
+MLA_WRAPPER = "BatchMLAPagedAttentionWrapper"
 # FlashAttention's paged-KV entry point (flashattention_backend.py): recorded as "fa" events.
 FA_KERNELS = frozenset({"flash_attn_with_kvcache"})
 MAX_PATHS = 4096
@@ -66,7 +71,8 @@ MAX_INLINE_DEPTH = 6
 
 # Event data that identifies an event (the rest is the path context it was recorded in).
 _KEYED = (
-    "pool", "indices", "lens", "source", "wrapper", "indptr", "args", "kwargs", "method", "switch"
+    "pool", "indices", "lens", "source", "wrapper", "indptr", "args", "kwargs", "method", "switch",
+    "backend",
 )  # fmt: skip
 
 
@@ -165,6 +171,8 @@ def strip_views(v: Value) -> Value:
             v = v[1]
         elif v[0] == "call" and v[1][0] == "attr" and v[1][2] in VIEW_METHODS:
             v = v[1][1]
+        elif v[0] == "call" and v[1][0] == "g" and v[1][1] in VIEW_FUNCTIONS and v[2]:
+            v = v[2][0]
         else:
             return v
 
@@ -762,6 +770,9 @@ class Interpreter:
             bound.update({k: v for k, v in kwargs.items() if k in NATIVE_PARAMS})
             p = self._event(p, "native", line, args=bound)
             return p, ("native", line)
+        if func == ("g", MLA_WRAPPER):
+            p = self._event(p, "wrapper", line, backend=kwargs.get("backend", ("c", "auto")))
+            return p, ("call", func, tuple(args), tuple(sorted(kwargs.items())))
         if func[0] == "g" and func[1] in FA_KERNELS:
             p = self._event(p, "fa", line, args=tuple(args), kwargs=kwargs)
             return p, ("call", func, tuple(args), tuple(sorted(kwargs.items())))

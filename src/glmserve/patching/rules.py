@@ -26,6 +26,12 @@ gather-then-cast decode (=gather, or a model/GPU native rules out), and the seri
                    plan, of the device indptr whose row count was noted for it); every function
                    that records plans records every plan it makes; native decode is reachable;
   structure        what the rules need to find at all (the import, the class, a plan site).
+
+The report also says which FlashInfer MLA backends the wrappers may plan with, the series on
+(`BatchMLAPagedAttentionWrapper(..., backend=...)`): a constant names itself, the gather object's
+`wrapper_backend` the ones its module allows (WRAPPER_BACKENDS), anything else "auto". The
+preflight's FlashInfer check (fichecks.py) then only holds those backends to reading the
+gathered indices.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from dataclasses import dataclass, field
 
 from glmserve.patching.flow import (
     GATHER,
+    MLA_WRAPPER,
     NATIVE,
     AnalysisLimit,
     Event,
@@ -64,6 +71,8 @@ NO_FULL_CAST = "no-full-cast"
 SWITCH = "switch-polarity"
 NATIVE_RULE = "native-decode"
 STRUCTURE = "structure"
+# What `<gather object>.wrapper_backend` may be (fp8_kv_gather.WRAPPER_BACKENDS, SGLang 0.5.23+).
+GATHER_WRAPPER_BACKENDS = frozenset({"fa2", "fa3"})
 
 
 @dataclass(frozen=True)
@@ -104,6 +113,8 @@ class Report:
     plan_sites: set[int] = field(default_factory=set)
     run_sites: set[int] = field(default_factory=set)
     native_sites: set[int] = field(default_factory=set)
+    # FlashInfer MLA backends the wrappers may plan with, the series on ("auto": any).
+    wrapper_backends: set[str] = field(default_factory=set)
 
     def add(self, line: int, rule: str, text: str) -> None:
         problem = Problem(line, rule, text)
@@ -137,6 +148,7 @@ def check_backend(tree: ast.Module) -> Report:
                 f"the backend imports {NATIVE_MODULE} but no forward path reaches its kernel "
                 f"with {ENV_MODE}=native",
             )
+        _wrapper_backends(module, on_configs[0], report)
         if report.native_sites and not recorded:
             report.add(
                 min(report.native_sites),
@@ -333,6 +345,35 @@ def _check_native(
                 f"{entry}: the native kernel reads the plan of {render(owner)}, but the step's "
                 f"run() uses {' / '.join(sorted(render(w) for w in run_wrappers))}",
             )
+
+
+def _wrapper_backends(module: Module, config: Config, report: Report) -> None:
+    """Which backends each MLA wrapper construction may name, with its helpers inlined."""
+    builders = [
+        (cls, fn)
+        for cls, fn in module.function_items()
+        if any(
+            isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == MLA_WRAPPER
+            for n in ast.walk(fn)
+        )
+    ]
+    for cls, fn in builders:
+        for ev in _events(_paths(module, cls, fn, config, inline=True), "wrapper"):
+            for alt in alternatives(ev.data["backend"], ev.data["facts"]):
+                if alt[0] == "c" and isinstance(alt[1], str):
+                    report.wrapper_backends.add(alt[1])
+                elif (
+                    alt[0] == "attr"
+                    and alt[2] == "wrapper_backend"
+                    and (
+                        module.switch_attrs.get(alt[1][2]) == GATHER
+                        if alt[1][0] == "attr"
+                        else False
+                    )
+                ):
+                    report.wrapper_backends |= GATHER_WRAPPER_BACKENDS
+                else:
+                    report.wrapper_backends.add("auto")
 
 
 def _resolve(v: Value, facts: dict[Value, bool]) -> Value:

@@ -83,7 +83,7 @@ def preflight(
             problems += backend_rule_problems(fa_tree, Path(FA_BACKEND_REL).name)[0]
     fi_dir = flashinfer or _flashinfer_dir(site)
     if fi_dir is not None:
-        problems += wrapper_read_problems(fi_dir, report.wrapper_attrs)
+        problems += wrapper_read_problems(fi_dir, report.wrapper_attrs, report.wrapper_backends)
     if gather is not None:
         problems += _check_gather_module(site / GATHER_REL, gather, backend, import_gather)
     native_imported = Module(backend, GATHER_MODULE, NATIVE_MODULE).native_names
