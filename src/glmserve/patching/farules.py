@@ -10,12 +10,14 @@ feeds them views of `fp8_gather.cast_pages(pool, page_table, cache_seqlens, page
 only the pages that call's table maps. Stated on data flow (flow.py), with the series on
 (GLMSERVE_FP8_GATHER=1) and off (=0):
 
-  kv-source        every FlashAttention call that upstream feeds a pool cast reads, with the series
-                   on, the gather of the same pool through THAT call's own page_table and
-                   cache_seqlens (or through every column of its table, cache_seqlens None);
+  kv-source        every absorbed-MLA FlashAttention call (its KV comes from the latent pool,
+                   `get_key_buffer`) reads, with the series on, the gather of the pool upstream
+                   converts, through THAT call's own page_table and cache_seqlens (or through
+                   every column of its table, cache_seqlens None);
   no-full-cast     with the series on, no path of forward_extend/forward_decode (or anything they
                    call in this file) casts a KV-pool tensor, whole or sliced;
-  switch-polarity  with the series off, the gather object (None then) is never touched;
+  switch-polarity  with the series off, the gather object (None then) is never touched and every
+                   absorbed-MLA call reads the upstream cast;
   structure        the import, the class, and at least one call whose KV upstream converts.
 
 These forward methods have far more paths than the flashinfer backend's (thousands of branch
@@ -94,7 +96,7 @@ def check_flashattention_backend(tree: ast.Module) -> Report:
         report.add(
             0,
             STRUCTURE,
-            "no flash_attn_with_kvcache call reads a cast of the KV pool upstream: the "
+            "no flash_attn_with_kvcache call reads the latent KV pool (get_key_buffer): the "
             "absorbed-MLA path is not understood",
         )
     report.problems.sort()
@@ -123,24 +125,42 @@ def _off_calls(events: list[Event], report: Report) -> None:
             )
 
 
+def _latent(src: Value) -> bool:
+    """Whether a KV value comes from `get_key_buffer`: the latent pool the absorbed-MLA calls
+    read (the MHA calls read `get_kv_buffer`'s K and V, FP8 included, through descales)."""
+    base = strip_views(src)
+    if base[0] in ("cast", "gather"):
+        base = strip_views(base[1])
+    return base[0] == "pool" and base[2] == "get_key_buffer"
+
+
+def _kv_sources(ev: Event) -> list[Value]:
+    return [strip_views(a) for kv in _kv_args(ev) for a in alternatives(kv, ev.data["facts"])]
+
+
 def _check_forward(module: Module, cls: str, fn: ast.FunctionDef, report: Report) -> None:
     entry = fn.name
     off = _events(module, cls, fn, SERIES_OFF)
     _off_calls(off, report)
-    upstream: dict[int, set[Value]] = {}  # fa call line -> the pools upstream converts for it
+    upstream: dict[int, set[Value]] = {}  # MLA call line -> the pools upstream converts for it
     for ev in off:
-        if ev.kind != "fa":
+        sources = _kv_sources(ev) if ev.kind == "fa" else []
+        if not any(_latent(src) for src in sources):
             continue
-        for kv in _kv_args(ev):
-            for alt in alternatives(kv, ev.data["facts"]):
-                src = strip_views(alt)
-                if src[0] == "cast":
-                    upstream.setdefault(ev.line, set()).add(strip_views(src[1]))
-    if not upstream:
-        return
-    report.run_sites.update(upstream)
+        report.run_sites.add(ev.line)
+        for src in sources:
+            if src[0] == "cast":
+                upstream.setdefault(ev.line, set()).add(strip_views(src[1]))
+            else:
+                report.add(
+                    ev.line,
+                    SWITCH,
+                    f"{entry}: with {ENV_SWITCH}=0, flash_attn_with_kvcache() reads "
+                    f"{render(src)} instead of the upstream cast of the pool",
+                )
     on = _events(module, cls, fn, GATHER_ON)
     _off_calls(on, report)
+    mla_calls = False
     for ev in on:
         if ev.kind == "cast":
             via = "" if ev.where.endswith(f".{entry}") else f" (via {ev.where})"
@@ -150,11 +170,15 @@ def _check_forward(module: Module, cls: str, fn: ast.FunctionDef, report: Report
                 f"{entry}{via} casts the KV pool {render(ev.data['source'])} with the series on: "
                 "every step would convert the whole pool again",
             )
-        elif ev.kind == "fa" and ev.line in upstream:
-            for kv in _kv_args(ev):
-                for alt in alternatives(kv, ev.data["facts"]):
-                    _check_kv(entry, ev, strip_views(alt), upstream[ev.line], report)
-    if not any(ev.kind == "gather" for ev in on):
+        elif ev.kind == "fa":
+            sources = _kv_sources(ev)
+            if not (any(_latent(src) for src in sources) or ev.line in upstream):
+                continue
+            mla_calls = True
+            report.run_sites.add(ev.line)
+            for src in sources:
+                _check_kv(entry, ev, src, upstream.get(ev.line, set()), report)
+    if (mla_calls or upstream) and not any(ev.kind == "gather" for ev in on):
         report.add(fn.lineno, KV_SOURCE, f"{entry} never calls the fp8 gather")
 
 
@@ -175,7 +199,7 @@ def _check_kv(entry: str, ev: Event, src: Value, pools: set[Value], report: Repo
     facts = ev.data["facts"]
     kwargs = ev.data["kwargs"]
     pool, table, lens = strip_views(src[1]), src[2], src[3]
-    if pool not in pools:
+    if pools and pool not in pools:
         report.add(
             ev.line,
             KV_SOURCE,
