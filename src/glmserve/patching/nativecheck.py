@@ -84,6 +84,7 @@ def run_native_checks(
     seed: int,
     pool_rows: int = 65_537,
     inject: str | None = None,
+    heads: int = HEADS,
 ) -> list[str]:
     """One line per passed case; raises NativeCheckFailure on the first wrong one.
 
@@ -109,8 +110,8 @@ def run_native_checks(
         if name.startswith("decode, duplicate"):
             idx[900:] = idx[:900].repeat(2)
         idx[total // 2] = pool_rows - 1
-        q_nope = torch.randn(batch, HEADS, 512, device=device, generator=gen).bfloat16()
-        q_pe = torch.randn(batch, HEADS, 64, device=device, generator=gen).bfloat16()
+        q_nope = torch.randn(batch, heads, 512, device=device, generator=gen).bfloat16()
+        q_pe = torch.randn(batch, heads, 64, device=device, generator=gen).bfloat16()
         ref = fp64_decode_attention(torch, q_nope, q_pe, pool, indptr, idx)
         out = torch.full_like(q_nope, float("nan"))
         kernel(q_nope, q_pe, pool, indptr, idx, SM_SCALE, out)
@@ -125,19 +126,19 @@ def run_native_checks(
             )
         lines.append(f"{name}: {err:.1e} (upstream {err_up:.1e})")
         worst_upstream = max(worst_upstream, err_up)
-    lines.append(_graph_case(torch, kernel, pool, device, gen, worst_upstream))
+    lines.append(_graph_case(torch, kernel, pool, device, gen, worst_upstream, heads))
     return lines
 
 
 def _graph_case(
-    torch: Any, kernel: Callable[..., Any], pool, device, gen, worst_upstream: float
+    torch: Any, kernel: Callable[..., Any], pool, device, gen, worst_upstream: float, heads: int
 ) -> str:
     """Captured once at batch 4, replayed with other lengths (0 included) and slots."""
     batch, cap = 4, 9000
     indptr = torch.zeros(batch + 1, dtype=torch.int32, device=device)
     idx = torch.zeros(batch * cap, dtype=torch.int32, device=device)
-    q_nope = torch.empty(batch, HEADS, 512, dtype=torch.bfloat16, device=device)
-    q_pe = torch.empty(batch, HEADS, 64, dtype=torch.bfloat16, device=device)
+    q_nope = torch.empty(batch, heads, 512, dtype=torch.bfloat16, device=device)
+    q_pe = torch.empty(batch, heads, 64, dtype=torch.bfloat16, device=device)
     out = torch.empty_like(q_nope)
 
     def load(lens: list[int]) -> None:

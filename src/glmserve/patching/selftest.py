@@ -357,12 +357,21 @@ def _flashinfer_graph_check(
 
 
 def _native_verdict(
-    torch: Any, attention: Attention, device: Any, seed: int, inject, pool_rows: int = 65_537
+    torch: Any,
+    attention: Attention,
+    device: Any,
+    seed: int,
+    inject,
+    pool_rows: int = 65_537,
+    heads: int = 16,
 ) -> str:
-    """Run glmserve.patching.nativecheck on the installed fp8_mla_decode.py, as one line."""
+    """Run glmserve.patching.nativecheck on the installed fp8_mla_decode.py, as one line.
+
+    `heads`: the model's heads per rank (the tile form the server runs); `attention` must be
+    planned for the same count."""
     from glmserve.patching import nativecheck
 
-    mode = os.environ.get(nativecheck.ENV_MODE, "native").strip().lower()
+    mode = _decode_mode()
     if mode != "native":
         return f"skipped: {nativecheck.ENV_MODE}={mode}"
     path = installed_kernel_path()
@@ -379,8 +388,9 @@ def _native_verdict(
     try:
         module = load_kernel_module(native_path)
         lines = nativecheck.run_native_checks(
-            torch, module, upstream, device=device, seed=seed, pool_rows=pool_rows, inject=inject
-        )
+            torch, module, upstream, device=device, seed=seed, pool_rows=pool_rows,
+            inject=inject, heads=heads,
+        )  # fmt: skip
     except nativecheck.NativeCheckFailure as exc:
         return f"failed: native FP8 decode is WRONG: {exc}"
     except Exception as exc:
@@ -425,9 +435,14 @@ def _child(
             backend_path=Path(backend_path) if backend_path else None,
             gather_path=path if module_path else None,
         )
-        native_mode = (
-            os.environ.get(ENV_MODE, "native").strip().lower() == "native"
-            and "native" in parts.decode_modes
+        native_mode = _decode_mode() == "native" and "native" in parts.decode_modes
+        # The native check runs at the model's heads per rank (the tile form the server runs:
+        # kv-M at 8, heads-M at 16), against FlashInfer planned for the same count.
+        native_heads = _served_heads()
+        native_attention = (
+            attention
+            if native_heads == heads
+            else _flashinfer_attention(torch, flashinfer, device, native_heads)
         )
         # Warm-up: FlashInfer JIT (causal and non-causal, auto and fa2), the Triton compiles,
         # SGLang's imports; the same code paths as the checks, on small pools.
@@ -439,7 +454,8 @@ def _child(
         )
         del warm
         # The native kernel's Triton compile (and its graph capture) belongs to warm-up too.
-        _native_verdict(torch, attention, device, seed + 1, native_fault, pool_rows=4096)
+        _native_verdict(torch, native_attention, device, seed + 1, native_fault, pool_rows=4096,
+                        heads=native_heads)  # fmt: skip
         if native_mode:
             with contextlib.suppress(Exception):  # judged below; here only compiled
                 classcheck.run_class_checks(
@@ -469,7 +485,9 @@ def _child(
             f"{torch.cuda.get_device_name()} ({path}); warm-up {t1 - t0:.1f} s, "
             f"checks {t2 - t1:.1f} s: " + "; ".join(lines)
         )
-        native = _native_verdict(torch, attention, device, seed, native_fault)
+        native = _native_verdict(
+            torch, native_attention, device, seed, native_fault, heads=native_heads
+        )
         if native_mode and native.startswith("passed"):
             native = _native_class_verdict(torch, parts, seed, native)
         timing = {}
@@ -484,6 +502,23 @@ def _child(
         report = SelfTestReport("failed", f"self-test crashed: {type(exc).__name__}: {exc}")
     print(_RESULT + json.dumps(asdict(report)), flush=True)
     return 0 if report.ok else 1
+
+
+def _decode_mode() -> str:
+    """GLMSERVE_FP8_ATTENTION as the self-test reads it: empty or auto (the launcher decides
+    after timing both) checks native like an explicit native."""
+    mode = os.environ.get(ENV_MODE, "").strip().lower()
+    return "native" if mode in ("", "auto") else mode
+
+
+def _served_heads() -> int:
+    """The model's heads per rank the launcher passes (pathtiming's variable), else 16."""
+    from glmserve.patching import pathtiming
+
+    try:
+        return pathtiming.requested_shape()[0]
+    except pathtiming.TimingInputError:
+        return pathtiming.DEFAULT_HEADS
 
 
 def _time_paths(
