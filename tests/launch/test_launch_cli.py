@@ -167,9 +167,11 @@ def test_every_profile_dry_runs_against_its_model(launch, profile):
     model = [] if profile.startswith("tiny") else GLM_ARGS
     if load_profile(PROFILES_DIR, profile).nodes > 1:  # refuses to plan without its rank
         model = [*model, "--node-rank", "0", "--dist-init-addr", "10.0.0.1:5000"]
-    report = dry(launch, ["--profile", profile, *model])
+    version = load_profile(PROFILES_DIR, profile).sglang_version  # the image of its line
+    report = dry(launch, ["--profile", profile, *model], version=version)
     assert report["profile"] == profile
     assert report["argv"][1:3] == ["-m", "sglang.launch_server"]
+    assert report["sglang"]["version"] == version
 
 
 def test_inputs_come_from_env_and_cli_wins(launch):
@@ -717,3 +719,33 @@ def test_under_compose_a_refusal_is_recorded_and_waits_instead_of_restarting(bas
     # One-off commands answer and exit even with it (`docker compose run --rm sglang --check`).
     assert main(["--check", "--profile", "glm5-h100"], host) == 2
     assert waits == [] and buildinfo.read_launch_error(base_env["GLMSERVE_BUILD_INFO"]) is None
+
+
+@pytest.mark.parametrize(
+    ("profile", "version"),
+    [("glm5-nvfp4-rtxpro6000-tp8-dsa", PINNED), (RTX_PROFILE, "0.5.17")],
+)
+def test_a_profile_of_another_line_is_refused_in_one_line(launch, profile, version):
+    """The 0.5.17 DSA profiles need the 0.5.17 image and the patched dense ones 0.5.12.post1's."""
+    outcome = launch(["--dry-run", "--profile", profile, *GLM_ARGS], version=version)
+    assert_refused(outcome, f"installed SGLang is {version}", f"profile '{profile}'")
+
+
+def test_the_current_line_s_dsa_profiles_do_not_use_the_patch(launch):
+    for profile in ("glm5-nvfp4-rtxpro6000-tp8-dsa", "glm5-nvfp4-b200-tp8-dsa"):
+        report = dry(launch, ["--profile", profile, *GLM_ARGS], version="0.5.17", marker=None)
+        assert report["sglang"]["patch_in_use"] is False
+        assert report["sglang"]["attention_backend"] == "dsa"
+
+
+def test_fa3_is_a_patched_path_from_0_5_17_on(launch):
+    """0.5.17's series also patches FlashAttention's MLA path (SGLang's SM90 default): a tiny
+    MLA run moved onto fa3 keeps the patch checks there, and drops them on 0.5.12.post1."""
+    for profile, version, patched in (
+        ("tiny-mla-78l-sglang0.5.17", "0.5.17", True),
+        ("tiny-mla-78l", PINNED, False),
+    ):
+        argv = ["--profile", profile, "--", "--attention-backend", "fa3"]
+        report = dry(launch, argv, version=version, marker="good" if patched else None)
+        assert report["sglang"]["patch_in_use"] is patched, version
+        assert report["sglang"]["attention_backend"] == "fa3"

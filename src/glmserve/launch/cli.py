@@ -383,7 +383,7 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
     model_config = checks.check_model(profile, inputs.model_path)
     plan = build_plan(profile, inputs, environ, sys.executable, model_config)
     backend = decode_attention_backend(plan.argv)
-    patched_path = uses_patched_path(plan.argv)
+    patched_path = uses_patched_path(plan.argv, profile.sglang_version)
     site = host.sglang_site()
     # compose's launcher service dry-runs in the tools image, so that seeing the command needs
     # no SGLang base image: the plan is the same, and SGLang itself is checked where it runs.

@@ -271,7 +271,11 @@ def decode_attention_backend(argv: Sequence[str]) -> str:
     )
 
 
-def uses_patched_path(argv: Sequence[str]) -> bool:
-    """True when decode runs SGLang's flashinfer MLA backend, the file the patch series changes.
-    DSA (nsa) and every other backend read the KV pool through code the series does not touch."""
-    return decode_attention_backend(argv) == "flashinfer"
+def uses_patched_path(argv: Sequence[str], sglang_version: str | None = None) -> bool:
+    """True when decode runs an MLA backend the line's patch series changes: flashinfer on every
+    line, and from 0.5.17 also fa3 (glmserve.sglang_lines). DSA (nsa/dsa) and every other
+    backend read the KV pool through code the series does not touch."""
+    from glmserve.sglang_lines import patched_backends
+
+    backends = patched_backends(sglang_version) if sglang_version else ("flashinfer",)
+    return decode_attention_backend(argv) in backends

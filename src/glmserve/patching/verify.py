@@ -45,6 +45,7 @@ from glmserve.patching.rules import (
     check_backend,
 )
 from glmserve.patching.series import MARKER_REL, read_optional, sha256_optional
+from glmserve.sglang_lines import LineError, site_problems
 
 BACKEND_REL = "sglang/srt/layers/attention/flashinfer_mla_backend.py"
 BACKEND_NAME = "flashinfer_mla_backend.py"
@@ -317,6 +318,12 @@ def main(argv: list[str] | None = None) -> int:
         help="do not execute the gather module (for environments without torch/Triton)",
     )
     parser.add_argument("--expect-version", help="fail unless this SGLang version is installed")
+    parser.add_argument(
+        "--expect-line",
+        metavar="LINE",
+        help="fail unless the base holds that SGLang line and its pins (torch, FlashInfer, "
+        "sglang-kernel: glmserve.sglang_lines; with --no-import, a base without them passes)",
+    )
     parser.add_argument("--expect-series", help="fail unless the marker names this series")
     parser.add_argument("--expect-lock", help="fail unless the marker records this lock sha256")
     parser.add_argument(
@@ -357,6 +364,24 @@ def main(argv: list[str] | None = None) -> int:
         series=args.expect_series,
         lock_sha256=args.expect_lock,
     ) + preflight(args.target, import_gather=not args.no_import)
+    if args.expect_line:
+        try:
+            try:
+                installed = detect_version(args.target)
+            except PatchError:
+                installed = None  # site_problems says what the base holds instead
+            problems = (
+                site_problems(
+                    args.target,
+                    args.expect_line,
+                    gpu_stack_required=not args.no_import,
+                    installed_sglang=installed,
+                )
+                + problems
+            )
+        except LineError as exc:
+            print(f"{prog}: error: {exc}", file=sys.stderr)
+            return 2
     if args.expect_cuda:
         problems += cuda_build_problems(
             args.target, args.expect_cuda, torch_required=not args.no_import
