@@ -448,6 +448,7 @@ def test_start_runs_selftest_writes_build_info_then_execs(launch, base_env):
         "fp8_attention_why": "default (not timed)",
         "fp8_attention_timing": "",
         "attention_backend": "flashinfer",
+        "patch_in_use": "yes",
         "source": "launcher",
     }
 
@@ -749,3 +750,30 @@ def test_fa3_is_a_patched_path_from_0_5_17_on(launch):
         report = dry(launch, argv, version=version, marker="good" if patched else None)
         assert report["sglang"]["patch_in_use"] is patched, version
         assert report["sglang"]["attention_backend"] == "fa3"
+
+
+def test_a_fa3_start_on_0_5_17_records_the_gather_path_and_the_patch_in_use(launch, base_env):
+    """fa3's MLA path always gathers through its page table; build info says which line, which
+    backend, that the patch is in use, and that decode gathers (whatever native mode was asked)."""
+    argv = ["--profile", "tiny-mla-78l-sglang0.5.17", "--", "--attention-backend", "fa3"]
+    outcome = launch(argv, version="0.5.17", gpus=gpus_like(H200, 1))
+    assert outcome.code == 0, outcome.err
+    info = buildinfo.read_build_info(base_env["GLMSERVE_BUILD_INFO"])
+    assert info["sglang_version"] == info["patch_series"] == "0.5.17"
+    assert (info["attention_backend"], info["patch_in_use"]) == ("fa3", "yes")
+    assert (info["fp8_gather"], info["fp8_attention"]) == ("on", "gather")
+    assert info["fp8_attention_why"].startswith("fa3 MLA path")
+
+
+def test_a_dsa_start_on_0_5_17_records_the_patch_not_in_use(launch, base_env):
+    outcome = launch(
+        ["--profile", "glm5-nvfp4-rtxpro6000-tp8-dsa", *GLM_ARGS], version="0.5.17", marker=None
+    )
+    assert outcome.code == 0, outcome.err
+    assert outcome.rec.selftests == 0
+    info = buildinfo.read_build_info(base_env["GLMSERVE_BUILD_INFO"])
+    assert (info["attention_backend"], info["patch_in_use"], info["fp8_gather"]) == (
+        "dsa",
+        "no",
+        "",
+    )

@@ -495,6 +495,12 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
                 print(f"{PROG}: FP8 decode path {chosen}: {fp8_why}", file=err)
             plan.env[checks.FP8_ATTENTION] = chosen
             fp8_timing = timing
+    fp8_path = checks.fp8_attention_mode(plan.env) if fp8_gather == "on" else ""
+    if fp8_gather == "on" and backend == "fa3":
+        # FlashAttention's MLA path (patched from 0.5.17) always gathers through its page table;
+        # the native kernel and the self-test's choice belong to the flashinfer backend.
+        fp8_path = "gather"
+        fp8_why = "fa3 MLA path: gather-then-cast of the pages its page table maps"
     buildinfo.clear_launch_error(inputs.build_info)  # a previous refusal no longer holds
     buildinfo.write_build_info(
         inputs.build_info,
@@ -508,11 +514,13 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
             # The decode path the patched backend takes (empty where the patch does not run),
             # what was asked of it (native, gather, or auto: the faster here), why it runs,
             # and both paths' µs per layer where the self-test timed them.
-            "fp8_attention": checks.fp8_attention_mode(plan.env) if fp8_gather == "on" else "",
+            "fp8_attention": fp8_path,
             "fp8_attention_requested": fp8_request if fp8_gather == "on" else "",
             "fp8_attention_why": fp8_why if fp8_gather == "on" else "",
             "fp8_attention_timing": fp8_timing if fp8_gather == "on" else {},
             "attention_backend": backend,
+            # Whether this profile's decode runs a file the line's series patched.
+            "patch_in_use": "yes" if patched_path else "no",
             "source": "launcher",
         },
     )
