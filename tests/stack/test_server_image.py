@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -209,3 +210,36 @@ def test_compose_sglang_service_dry_run(
     assert argv[at + 1] == override
     assert argv[argv.index("--host") + 1] == "127.0.0.1"
     assert argv[argv.index("--port") + 1] == "30000"
+
+
+def test_a_line_without_a_series_fails_the_build_in_one_line(
+    ci_bases: dict[str, str], tools_image: str
+) -> None:
+    """SGLANG_LINE set to a real release the series do not serve (0.5.22: the 0.5.23 series
+    stops applying there) fails the build at apply.py with its one line, as today."""
+    line = "0.5.22"
+    env = {**os.environ, "PYTHON": sys.executable, "GLMSERVE_CI_SGLANG_LINE": line}
+    proc = run([str(REPO / "docker" / "ci-bases.sh"), "sglang"], env=env, timeout=900)
+    base = dict(item.split("=", 1) for item in proc.stdout.split() if "=" in item)["BASE_IMAGE"]
+    argv = [
+        "docker",
+        "build",
+        "--network",
+        "host",
+        "--target",
+        "server",
+        "-t",
+        "glmserve-test/refused:ci",
+    ]
+    for key, value in {
+        "BASE_IMAGE": base,
+        "SGLANG_LINE": line,
+        "TOOLS_BASE_IMAGE": ci_bases["TOOLS_BASE_IMAGE"],
+        "PREFLIGHT_ARGS": "--no-import",
+    }.items():
+        argv += ["--build-arg", f"{key}={value}"]
+    proc = run([*argv, str(REPO)], check=False, timeout=900)
+    assert proc.returncode != 0
+    said = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "glmserve-patch:" in ln]
+    assert len(said) == 1, said
+    assert f"SGLang {line} is not supported: no patch series for it" in said[0]
