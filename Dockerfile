@@ -7,16 +7,23 @@
 #   server       SGLang base + the patch series + glmserve core       (the default target)
 #
 # Both bases are build ARGs so CI can substitute local images (no registry there, see
-# docs/deploy.md). The defaults are real images pinned by digest; the tag is kept for humans.
+# docs/deploy.md). The tools base is pinned by digest. The server is built on one SGLang line,
+# SGLANG_LINE (0.5.12.post1: the patched dense-MLA line; 0.5.17: the current line, GLM-5 on DSA,
+# the series also on the fa3 MLA path; 0.5.23: the newest release): its official image by
+# version tag (by digest where glmserve.sglang_lines, the one table, holds one), and the build
+# checks that base against the line's pins (SGLang, torch, FlashInfer, sglang-kernel).
 # Classic-builder compatible on purpose (no RUN --mount, no syntax line): Compose falls back to
 # the classic builder where buildx is missing, and a syntax line would need a registry pull.
 
 # CPython 3.11 on Debian bookworm, multi-arch index digest.
 ARG TOOLS_BASE_IMAGE=python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
-# The default SGLang line's official image (its version, CUDA, torch and CPython live in
+# The SGLang line: the build argument that picks the series and the labels, checked against the
+# base below. Its official image: the default line's by digest (its version, CUDA and pins live in
 # glmserve.sglang_lines, which tests/test_sglang_lines.py checks these defaults against). The full
 # (devel) variant, not -runtime: FlashInfer JIT-compiles the MLA kernels with nvcc at first start.
-# Another line: `python -m glmserve.sglang_lines build-args VERSION >> .env` (compose passes them).
+# Another line: `python -m glmserve.sglang_lines build-args LINE >> .env` writes SGLANG_LINE and
+# its BASE_IMAGE (compose passes both); a base of another line fails the build in one line.
+ARG SGLANG_LINE=0.5.12.post1
 ARG BASE_IMAGE=lmsysorg/sglang:v0.5.12.post1-cu130@sha256:ceaf8b16e02d165143633ac228bbb994a05fe77d7e0526cf035ae4bbf4eacc36
 
 # --------------------------------------------------------------------------------------------
@@ -100,9 +107,9 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # series disagree with these, so the labels cannot drift from the content.
 # tests/stack/test_compose_files.py checks the defaults against patches/series.lock.json.
 ARG GLMSERVE_VERSION=0.1.0
-ARG SGLANG_VERSION=0.5.12.post1
-ARG PATCH_SERIES=0.5.12.post1
-ARG PATCH_LOCK_SHA256=dc1d5a942624f0fc05dcb03b3df61dbe0ad6a333f2669c6129a04496e20a9268
+# Each line is its own source series (patches/<line>/), so the line names the series too.
+ARG SGLANG_LINE
+ARG PATCH_LOCK_SHA256=11c435560577fe80069ba51cc314f237a0d3b2ee75a176ebdfc94b841ae17dc9
 # The preflight also imports the new gather module (torch + Triton, present in the real base).
 # CI's torch-less stand-in base passes --no-import; the static checks still run there.
 ARG PREFLIGHT_ARGS=""
@@ -110,10 +117,10 @@ ARG PREFLIGHT_ARGS=""
 # and elsewhere as `latest`; this checks what it holds (torch/version.py, read, not imported).
 ARG EXPECT_CUDA=13
 LABEL org.opencontainers.image.title="glmserve-server" \
-      org.opencontainers.image.description="SGLang ${SGLANG_VERSION} with the FP8 KV patch series (native FP8 decode, gather-then-cast), for GLM-5-NVFP4 on Blackwell" \
+      org.opencontainers.image.description="SGLang ${SGLANG_LINE} with the FP8 KV patch series (native FP8 decode, gather-then-cast), for GLM-5-NVFP4 on Blackwell" \
       org.opencontainers.image.version="${GLMSERVE_VERSION}" \
-      io.glmserve.sglang.version="${SGLANG_VERSION}" \
-      io.glmserve.patch.series="${PATCH_SERIES}" \
+      io.glmserve.sglang.version="${SGLANG_LINE}" \
+      io.glmserve.patch.series="${SGLANG_LINE}" \
       io.glmserve.patch.lock-sha256="${PATCH_LOCK_SHA256}"
 # JIT arch lists (TORCH_CUDA_ARCH_LIST, FLASHINFER_CUDA_ARCH_LIST) are NOT set here: each launch
 # profile sets the one for its GPU (SM120: 12.0f, SM100: 10.0a), so JIT builds only what that GPU
@@ -138,13 +145,14 @@ RUN site="$(python3 -c 'import importlib.util, pathlib; print(pathlib.Path(impor
     && echo "${site}" >/opt/glmserve-build/sglang-site
 # glmserve core is stdlib-only, so --no-deps adds nothing to the environment SGLang pinned.
 # The preflight then checks the patch's effect on the installed code, and that the labels
-# above (SGLang version, series, lock) are exactly what apply.py recorded.
+# above (SGLang line, series, lock) are exactly what apply.py recorded, and that the base holds
+# the line's torch, FlashInfer and sglang-kernel (--expect-line; a wrong base fails in one line).
 COPY --from=tools-build /opt/wheels/ /tmp/glmserve-wheels/
 RUN PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 -m pip install --no-cache-dir --no-deps --no-index \
         /tmp/glmserve-wheels/glmserve-*.whl \
     && rm -rf /tmp/glmserve-wheels \
     && python3 -m glmserve.preflight --target "$(cat /opt/glmserve-build/sglang-site)" \
-        --expect-version "${SGLANG_VERSION}" --expect-series "${PATCH_SERIES}" \
+        --expect-line "${SGLANG_LINE}" --expect-series "${SGLANG_LINE}" \
         --expect-lock "${PATCH_LOCK_SHA256}" --expect-cuda "${EXPECT_CUDA}" ${PREFLIGHT_ARGS} \
     && mkdir -p /cache/jit /cache/huggingface /cache/home /run/glmserve \
     && useradd --uid 10001 --user-group --home-dir /cache/home --no-create-home glmserve \

@@ -5,6 +5,11 @@
 #
 #   usage: bench/bundle.sh [OUT.tar.xz]      (default .bundle/sglang-VERSION.tar.xz, the default line)
 #          bench/bundle.sh --fleet [OUT]     (default .bundle/fleet.tar.xz; device_run.sh fleet)
+#          bench/bundle.sh --line LINE [OUT]  (another line, e.g. the current one for the `lines`
+#                                            job: default .bundle/sglang-LINE.tar.xz; recipe
+#                                            bench/overlay.sh with the pins of
+#                                            bench/overlay-pins/LINE.txt; FA3's kernels apart:
+#                                            bench/fa3_kernels.sh)
 #   (bench/e2e/build_bundle.sh is this script)
 #
 # --fleet adds what the fleet bench needs on the device (docs/fleet.md): the router (smg, whose
@@ -22,23 +27,39 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fleet=""
+default=$(PYTHONPATH=src "${PYTHON:-python3}" -m glmserve.sglang_lines get version)
+line=$default
 if [ "${1:-}" = "--fleet" ]; then fleet=1; shift; fi
-version=$(PYTHONPATH=src "${PYTHON:-python3}" -m glmserve.sglang_lines get version)
-out=$(realpath -m "${1:-$([ -n "$fleet" ] && echo .bundle/fleet.tar.xz || echo ".bundle/sglang-$version.tar.xz")}")
-tool=${SGLANG_BUNDLE_TOOL:-/work/shared/tools/sglang-device-bundle.sh}
-[ -f "$tool" ] || { echo "bundle: $tool not found (set SGLANG_BUNDLE_TOOL)" >&2; exit 2; }
-work=.cache/bundle
+if [ "${1:-}" = "--line" ]; then line=${2:?bundle: --line needs an SGLang line}; shift 2; fi
+out=$(realpath -m "${1:-$([ -n "$fleet" ] && echo .bundle/fleet.tar.xz || echo ".bundle/sglang-$line.tar.xz")}")
+if [ "$line" = "$default" ]; then
+  tool=${SGLANG_BUNDLE_TOOL:-/work/shared/tools/sglang-device-bundle.sh}
+  [ -f "$tool" ] || { echo "bundle: $tool not found (set SGLANG_BUNDLE_TOOL)" >&2; exit 2; }
+  work=.cache/bundle
+  recipe=("$tool")
+else
+  [ -z "$fleet" ] || { echo "bundle: --fleet is for the default line's overlay" >&2; exit 2; }
+  [ -f "bench/overlay-pins/$line.txt" ] || { echo "bundle: no overlay recipe for SGLang $line (bench/overlay-pins/)" >&2; exit 2; }
+  tool=bench/overlay.sh
+  work=.cache/bundle-$line
+  recipe=(bench/overlay.sh "$line")
+fi
 site=$work/site
-stamp=$(sha256sum "$tool" | cut -c1-16)  # names the overlay recipe: a changed tool rebuilds
+# names the overlay recipe: a changed tool (or pin list) rebuilds
+if [ "$line" = "$default" ]; then
+  stamp=$(sha256sum "$tool" | cut -c1-16)
+else
+  stamp=$(cat "$tool" "bench/overlay-pins/$line.txt" | sha256sum | cut -c1-16)
+fi
 if [ "$(cat "$work/stamp" 2>/dev/null)" != "$stamp" ]; then
   rm -f "$work/stamp"; mkdir -p "$work"
-  WHEEL_CACHE=${WHEEL_CACHE:-$work/wheels} VENV=${VENV:-$work/v312} bash "$tool" "$site"
+  WHEEL_CACHE=${WHEEL_CACHE:-$work/wheels} VENV=${VENV:-$work/v312} bash "${recipe[@]}" "$site"
   echo "$stamp" >"$work/stamp"
 fi
 # FlashInfer JIT-compiles its MLA kernels there: the CUDA sources must be in the overlay.
 for f in flashinfer/data/csrc/batch_mla_run.cu flashinfer/data/csrc/batch_mla_plan.cu \
          flashinfer/data/csrc/batch_mla_config.jinja flashinfer/data/include/flashinfer/attention/mla.cuh \
-         sglang/srt/layers/attention/flashinfer_mla_backend.py; do
+         sglang/srt/layers/attention/flashinfer_mla_backend.py sglang/srt/server_args.py; do
   [ -f "$site/$f" ] || { echo "bundle: $f missing from the overlay" >&2; exit 1; }
 done
 # Refuse a pre-patched tree: the device run must apply the series itself.
@@ -46,8 +67,8 @@ if [ -e "$site/sglang/srt/layers/attention/fp8_kv_gather.py" ] || [ -e "$site/sg
   echo "bundle: the overlay in $site is already patched; delete $work and rebuild" >&2; exit 1
 fi
 find "$site" -name __pycache__ -type d -prune -exec rm -rf {} +
-printf '{"overlay_tool_sha256_16": "%s", "built": "%s"}\n' "$stamp" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
-  >"$site/.glmserve-bundle.json"
+printf '{"overlay_tool_sha256_16": "%s", "built": "%s", "sglang_line": "%s"}\n' "$stamp" \
+  "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$line" >"$site/.glmserve-bundle.json"
 mkdir -p "$(dirname "$out")"
 pack=$work
 if [ -n "$fleet" ]; then

@@ -9,6 +9,12 @@
 #   bash bench/device_run.sh fp8-decode [ARGS]  kernels side by side: bench/fp8_decode.py ARGS
 #   bash bench/device_run.sh smoke [ARGS]       the operator smoke test: python -m glmserve.smoke ARGS
 #                                               (e.g. --profile tiny-mla --ready-timeout-s 240)
+#   bash bench/device_run.sh lines [ARGS]       the current SGLang line (issue 20): upstream cast vs
+#                                               patched vs BF16 KV on fa3 and flashinfer,
+#                                               bench/e2e/lines.py ARGS (BUNDLE defaults to that
+#                                               line's .bundle/sglang-LINE.tar.xz; fa3 needs the
+#                                               kernels bench/fa3_kernels.sh splits, moved onto the
+#                                               machine beforehand: FA3_PARTS, bench/README.md)
 #   bash bench/device_run.sh fleet [ARGS]       two replicas behind SGLang's router, our Locust
 #                                               through it: bench/fleet/fleet_bench.py ARGS
 #                                               (BUNDLE=.bundle/fleet.tar.xz: bench/bundle.sh --fleet)
@@ -31,8 +37,10 @@
 set -uo pipefail
 : "${OUT:?OUT must name the folder that comes back}"
 job=kernel
-case "${1:-}" in kernel | correctness | e2e | native | fp8-decode | smoke | fleet) job=$1; shift ;; esac
-BUNDLE=${BUNDLE:-.bundle/sglang-$(PYTHONPATH=$PWD/src python3 -m glmserve.sglang_lines get version).tar.xz}
+case "${1:-}" in kernel | correctness | e2e | native | fp8-decode | smoke | fleet | lines) job=$1; shift ;; esac
+# The lines job runs the current line (glmserve.sglang_lines CURRENT_LINE), the rest the default.
+line=$([ "$job" = lines ] && echo current || echo default)
+BUNDLE=${BUNDLE:-.bundle/sglang-$(PYTHONPATH=$PWD/src python3 -m glmserve.sglang_lines get version "$line").tar.xz}
 JIT_IN=${JIT_CACHE:-.bundle/jit-cache.tar.xz}
 WORK=${DEVICE_WORK:-/tmp/glmserve-device}
 SITE=$WORK/site
@@ -53,6 +61,22 @@ export PYTHONPATH=$PWD/src:$SITE HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MAX_JOB
   FLASHINFER_CUDA_ARCH_LIST=9.0a CUDA_HOME=/usr/local/cuda PYTHONUNBUFFERED=1 \
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 if [ -f "$JIT_IN" ]; then tar -xJf "$JIT_IN" -C "$HOME" && step "restored JIT cache $JIT_IN"; fi
+if [ "$job" = lines ]; then
+  # FA3's kernels (sgl-kernel's flash_ops, 1.1 GB: in the overlay they would not fit one carry)
+  # come in parts that earlier calls moved onto this warm machine (bench/fa3_kernels.sh); without
+  # all of them the fa3 phase is left out and said so.
+  FA3_PARTS=${FA3_PARTS:-/root/fa3}
+  if [ -f "$FA3_PARTS/flash_ops.sha256" ] && ls "$FA3_PARTS"/flash_ops.abi3.so.xz.part-* >/dev/null 2>&1; then
+    manifest=$(realpath "$FA3_PARTS/flash_ops.sha256")
+    cat "$FA3_PARTS"/flash_ops.abi3.so.xz.part-* | xz -dc >"$SITE/sgl_kernel/flash_ops.abi3.so" \
+      && (cd "$SITE/sgl_kernel" && sha256sum -c "$manifest") 2>&1 | tee -a "$log" \
+      && step "fa3 kernels installed from $FA3_PARTS" \
+      || { rm -f "$SITE/sgl_kernel/flash_ops.abi3.so"; step "fa3 kernels in $FA3_PARTS are incomplete: fa3 phase left out"; }
+  else
+    step "no fa3 kernels in $FA3_PARTS (bench/fa3_kernels.sh): fa3 phase left out"
+  fi
+  if [ ! -f "$SITE/sgl_kernel/flash_ops.abi3.so" ]; then set -- --backends flashinfer "$@"; fi
+fi
 step "device"
 gpu nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv 2>&1 | tee -a "$log"
 step "apply series"
@@ -104,7 +128,7 @@ kernel | correctness)
     gpu python3 bench/gather_cast.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | tail -45
   fi
   ;;
-e2e | native | fp8-decode | smoke | fleet)
+e2e | native | fp8-decode | smoke | fleet | lines)
   # One Python script under a hard stop well inside the tool's 600 s: the scripts turn SIGTERM
   # into an orderly stop + save.
   case $job in
@@ -115,8 +139,9 @@ e2e | native | fp8-decode | smoke | fleet)
     # profiles find their model next to them); its logs/ and buildinfo/ are packed below.
     smoke) script=(-m glmserve.smoke); tee_to=smoke.log; hard=${SMOKE_HARD_S:-560} ;;
     fleet) script=(bench/fleet/fleet_bench.py --mode device); tee_to=bench.log; hard=${FLEET_HARD_S:-540} ;;
+    lines) script=(bench/e2e/lines.py); tee_to=run.log; hard=${E2E_HARD_S:-540} ;;
   esac
-  if [ "$job" = e2e ] || [ "$job" = native ] || [ "$job" = fleet ]; then
+  if [ "$job" = e2e ] || [ "$job" = native ] || [ "$job" = fleet ] || [ "$job" = lines ]; then
     # Servers of an earlier call killed at its time limit (same warm machine): stop their process
     # groups by the ids the harness recorded, so ports and GPU memory are free again.
     export E2E_PGID_FILE=${E2E_PGID_FILE:-/tmp/e2e-server-pgids}

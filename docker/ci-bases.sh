@@ -3,7 +3,8 @@
 #
 #   local/debian:bookworm               debootstrap minbase, imported (skipped if present)
 #   glmserve-ci/python:3.11-bookworm    + Debian's python3/venv/pip  -> TOOLS_BASE_IMAGE
-#   glmserve-ci/sglang:<version>        + pinned sglang wheel, no GPU deps -> BASE_IMAGE
+#   glmserve-ci/sglang:<line>           + that line's sglang wheel, no GPU deps -> BASE_IMAGE
+#                                       (the Dockerfile's SGLANG_LINE, or GLMSERVE_CI_SGLANG_LINE)
 #   glmserve-ci/prometheus:2.42-bookworm  Debian's prometheus        -> PROMETHEUS_IMAGE
 #
 # Arguments pick which (tools, sglang, prometheus; default all): `make demo` needs no SGLang base.
@@ -22,9 +23,11 @@ cd "$repo"
 debian_image="${GLMSERVE_CI_DEBIAN_IMAGE:-local/debian:bookworm}"
 python_image="glmserve-ci/python:3.11-bookworm"
 prometheus_image="glmserve-ci/prometheus:2.42-bookworm"
-# One source of truth for the SGLang pin: the server stage's ARG default.
-sglang_version="$(sed -n 's/^ARG SGLANG_VERSION=//p' Dockerfile)"
-[ -n "$sglang_version" ] || { echo "ci-bases.sh: no 'ARG SGLANG_VERSION=' in Dockerfile" >&2; exit 1; }
+# One source of truth for the SGLang line: the Dockerfile's ARG default, unless
+# GLMSERVE_CI_SGLANG_LINE asks for another line's stand-in (CI builds the server on each line).
+sglang_version="${GLMSERVE_CI_SGLANG_LINE:-$(sed -n 's/^ARG SGLANG_LINE=//p' Dockerfile)}"
+[ -n "$sglang_version" ] || { echo "ci-bases.sh: no 'ARG SGLANG_LINE=' in Dockerfile" >&2; exit 1; }
+case "$sglang_version" in *[!0-9a-z.]*) echo "ci-bases.sh: bad SGLang line '$sglang_version'" >&2; exit 2 ;; esac
 sglang_image="glmserve-ci/sglang:${sglang_version}"
 cache="$repo/.cache/stack"
 mkdir -p "$cache/wheels"
@@ -79,4 +82,5 @@ want tools && echo "TOOLS_BASE_IMAGE=$python_image"
 echo "BASE_IMAGE=$sglang_image"
 want prometheus && echo "PROMETHEUS_IMAGE=$prometheus_image"
 echo "SGLANG_VERSION=$sglang_version"
+echo "SGLANG_LINE=$sglang_version"
 log "done"

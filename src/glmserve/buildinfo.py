@@ -20,6 +20,8 @@ ENV_VAR = "GLMSERVE_BUILD_INFO"
 # the patch does not run); fp8_attention_requested: what the deployment asked ("native" or
 # "gather" pinned, "auto" = the faster on this GPU); fp8_attention_why: one line on why that path
 # runs; fp8_attention_timing: the self-test's timing of both paths as compact JSON ("" if none).
+# patch_in_use: "yes" when decode runs a backend the line's series patches (flashinfer; fa3 too
+# from SGLang 0.5.17), "no" when it does not (DSA), "" where unknown (an emulator, an old file).
 FIELDS = (
     "sglang_version",
     "patch_series",
@@ -30,6 +32,7 @@ FIELDS = (
     "fp8_attention_why",
     "fp8_attention_timing",
     "attention_backend",
+    "patch_in_use",
     "source",
 )
 
@@ -55,6 +58,8 @@ def write_build_info(path: str | os.PathLike[str], info: dict[str, str]) -> Path
             "fp8_attention_requested must be 'native', 'gather' or 'auto', not "
             f"{record['fp8_attention_requested']!r}"
         )
+    if record["patch_in_use"] not in ("yes", "no", ""):
+        raise ValueError(f"patch_in_use must be 'yes' or 'no', not {record['patch_in_use']!r}")
     target = Path(path)
     _write_json(target, record)
     return target

@@ -179,7 +179,8 @@ def _stub_tool(tmp: Path, *, patched: bool = False) -> Path:
     files = ["flashinfer/data/csrc/batch_mla_run.cu", "flashinfer/data/csrc/batch_mla_plan.cu",
              "flashinfer/data/csrc/batch_mla_config.jinja",
              "flashinfer/data/include/flashinfer/attention/mla.cuh",
-             "sglang/srt/layers/attention/flashinfer_mla_backend.py"]  # fmt: skip
+             "sglang/srt/layers/attention/flashinfer_mla_backend.py",
+             "sglang/srt/server_args.py"]  # fmt: skip
     if patched:
         files.append("sglang/srt/layers/attention/fp8_kv_gather.py")
     lines = ["#!/bin/bash", "set -e", f"echo run >> {tmp / 'runs'}", 'rm -rf "$1"']
@@ -224,3 +225,69 @@ def test_bundle_refuses_a_patched_overlay(tmp_path):
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 1 and "already patched" in proc.stderr
     assert not (repo / ".bundle").exists()
+
+
+CURRENT = "0.5.17"
+
+
+@pytest.fixture(scope="module")
+def bundle_0517(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 0.5.17 device bundle: the real wheel's files that line's series touches, and the
+    overlay's sgl_kernel/ without FA3's flash_ops (bench/overlay.sh leaves it out)."""
+    try:
+        wheel = fetch_wheel(CURRENT, default_cache_dir())
+    except Exception as exc:
+        require(False, f"cannot get the sglang {CURRENT} wheel: {exc}")
+    lock, _ = load_lock(REPO / "patches")
+    files = [p for p, h in lock["series"][CURRENT]["files"].items() if h["before"] is not None]
+    root = tmp_path_factory.mktemp("bundle-0517")
+    extract_site(wheel, root / "site", files)
+    (root / "site" / "sgl_kernel").mkdir()
+    (root / "site" / "sgl_kernel" / "__init__.py").write_text("")
+    (root / "site" / ".glmserve-bundle.json").write_text('{"sglang_line": "0.5.17"}')
+    out = root / "bundle.tar.xz"
+    with tarfile.open(out, "w:xz") as tar:
+        tar.add(root / "site", arcname="site")
+    return out
+
+
+def _fa3_parts(tmp: Path, *, corrupt: bool = False) -> Path:
+    """What bench/fa3_kernels.sh writes, for a stand-in library: xz parts and the sha256."""
+    require(shutil.which("xz") is not None, "xz is needed for the parts")
+    parts = tmp / "fa3"
+    parts.mkdir()
+    lib = tmp / "flash_ops.abi3.so"
+    lib.write_bytes(os.urandom(3000) * 50)
+    digest = subprocess.run(["sha256sum", lib.name], cwd=tmp, capture_output=True, text=True)
+    (parts / "flash_ops.sha256").write_text(digest.stdout)
+    packed = subprocess.run(["xz", "-c", str(lib)], capture_output=True, check=True).stdout
+    half = len(packed) // 2
+    (parts / "flash_ops.abi3.so.xz.part-00").write_bytes(packed[:half])
+    (parts / "flash_ops.abi3.so.xz.part-01").write_bytes(packed[half:] + (b"x" if corrupt else b""))
+    return parts
+
+
+@pytest.mark.parametrize("parts", ["all", "none", "corrupt"])
+def test_lines_job_applies_the_0_5_17_series_and_runs_fa3_only_with_its_kernels(
+    tmp_path, bundle_0517, parts
+):
+    env = {"FA3_PARTS": str(tmp_path / "absent")}
+    if parts != "none":
+        env["FA3_PARTS"] = str(_fa3_parts(tmp_path, corrupt=parts == "corrupt"))
+    proc = device_run(tmp_path, bundle_0517, "lines", "--reps", "2", **env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    log = (tmp_path / "out" / "device.log").read_text()
+    assert "job lines" in log and f"SGLang {CURRENT}: applied series {CURRENT}" in log
+    assert f"ok: SGLang {CURRENT} patched with series {CURRENT}" in log  # the fa3 rules ran too
+    (run,) = [line for line in proc.stdout.splitlines() if line.startswith("dry-run: timeout")]
+    lib = tmp_path / "work" / "site" / "sgl_kernel" / "flash_ops.abi3.so"
+    tail = ["--out", str(tmp_path / "out")]
+    if parts == "all":
+        assert "fa3 kernels installed" in log and lib.is_file()
+        assert run.split()[6:] == ["bench/e2e/lines.py", *tail, "--reps", "2"]
+    else:
+        assert ("incomplete" if parts == "corrupt" else "no fa3 kernels") in log
+        assert not lib.exists()
+        assert run.split()[6:] == ["bench/e2e/lines.py", *tail, "--backends", "flashinfer",
+                                   "--reps", "2"]  # fmt: skip
+    assert run.split()[1:6] == ["timeout", "-s", "TERM", "540", "python3"]

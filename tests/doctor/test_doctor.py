@@ -310,3 +310,19 @@ def test_host_checks_name_what_is_missing():
         ["docker: no docker command on PATH (install Docker Engine)"],
         [],
     )
+
+
+def test_an_unknown_sglang_line_is_one_line_naming_the_lines_built(capsys):
+    """SGLANG_LINE is a build argument that no service reads: the doctor checks it itself."""
+    rc, lines, _ = doctor(
+        capsys, "--profile", "emulated", "emulator", environ={"SGLANG_LINE": "0.5.18"}
+    )
+    assert rc == 1
+    assert lines == [
+        "glmserve.doctor: SGLANG_LINE='0.5.18' (environment): SGLang line '0.5.18' is not "
+        "built here (lines: 0.5.12.post1, 0.5.17, 0.5.23)"
+    ]
+    rc, lines, _ = doctor(
+        capsys, "--profile", "emulated", "emulator", environ={"SGLANG_LINE": "0.5.17"}
+    )
+    assert (rc, lines) == (0, [])

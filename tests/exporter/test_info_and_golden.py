@@ -179,6 +179,14 @@ def test_corrupt_build_info_file_is_not_fatal(tmp_path):
          "FP8 KV, nsa attention, patch not in use, pool 960k"),
         ({"kv_cache_dtype": "fp8_e4m3", "attention_backend": "flashinfer",
           "patch_series": "0.5.12.post1", "fp8_gather": "on"}, True, "FP8 KV, patched"),
+        # SGLang 0.5.17: fa3 is patched too (the launcher says so); DSA is not.
+        ({"kv_cache_dtype": "fp8_e4m3", "attention_backend": "fa3", "patch_series": "0.5.17",
+          "fp8_gather": "on", "fp8_attention": "gather", "patch_in_use": "yes"}, True,
+         "FP8 KV, fa3 attention, patched, gather decode"),
+        ({"kv_cache_dtype": "fp8_e4m3", "attention_backend": "dsa", "patch_series": "0.5.17",
+          "fp8_gather": "", "patch_in_use": "no"}, True, "FP8 KV, dsa attention, patch not in use"),
+        ({"kv_cache_dtype": "fp8_e4m3", "attention_backend": "", "patch_series": "0.5.17",
+          "patch_in_use": "no"}, True, "FP8 KV, default attention, patch not in use"),
     ],
 )  # fmt: skip
 def test_summary_line(labels, build_present, expected):

@@ -1,7 +1,8 @@
 """The gather contract of the SHIPPED Triton kernel, run on the CPU by Triton's interpreter.
 
-The kernel is imported from a real SGLang 0.5.12.post1 tree that the committed series was applied
-to (never from a second copy), and checked against plain ``.to()`` on the referenced rows.
+The kernel is imported from each line's real SGLang tree (0.5.12.post1, 0.5.17, 0.5.23) that its
+committed series was applied to (never from a second copy), and checked against plain ``.to()``
+on the referenced rows.
 """
 
 from __future__ import annotations
@@ -21,25 +22,23 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from glmserve.selftest.runner import load_kernel_module  # noqa: E402
-from glmserve.series import apply  # noqa: E402
-from glmserve.series.wheels import extract_site, fetch_wheel  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 VERSION = "0.5.12.post1"
 BACKEND = "sglang/srt/layers/attention/flashinfer_mla_backend.py"
+from support.series_lines import source_lines  # noqa: E402
+
 KERNEL = "sglang/srt/layers/attention/fp8_kv_gather.py"
 D = 576
 
 
-@pytest.fixture(scope="module")
-def kernel(tmp_path_factory: pytest.TempPathFactory):
-    """fp8_kv_gather from a real 0.5.12.post1 tree patched by the real apply tool."""
+@pytest.fixture(scope="module", params=source_lines())
+def kernel(request, patched_tree):
+    """fp8_kv_gather from each line's real tree (0.5.12.post1, 0.5.17, 0.5.23) patched by the
+    real apply tool."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton was imported before TRITON_INTERPRET=1 could be set")
-    site = extract_site(fetch_wheel(VERSION), tmp_path_factory.mktemp("site"), [BACKEND])
-    outcome = apply(site, REPO / "patches")
-    assert outcome.action == "applied", outcome.message
-    return load_kernel_module(site / KERNEL)
+    return load_kernel_module(patched_tree(request.param) / KERNEL)
 
 
 def fp8_pool(rows: int, seed: int) -> torch.Tensor:

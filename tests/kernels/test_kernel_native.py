@@ -1,6 +1,6 @@
 """The SHIPPED native FP8 decode kernel, run on the CPU by Triton's interpreter, against fp64.
 
-The module is loaded from a real SGLang 0.5.12.post1 tree that the committed series was applied
+The module is loaded from each line's real SGLang tree that the committed series was applied
 to (never from a second copy). On the GPU the same source is checked against FlashInfer
 (bench/fp8_decode.py); here it is checked against the definition of attention.
 """
@@ -21,15 +21,13 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from support.series_lines import source_lines  # noqa: E402
 
 from glmserve.selftest.nativecheck import fp64_decode_attention  # noqa: E402
 from glmserve.selftest.runner import load_kernel_module  # noqa: E402
-from glmserve.series import apply  # noqa: E402
-from glmserve.series.wheels import extract_site, fetch_wheel  # noqa: E402
+from glmserve.series.lock import load_lock  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-VERSION = "0.5.12.post1"
-BACKEND = "sglang/srt/layers/attention/flashinfer_mla_backend.py"
 NATIVE = "sglang/srt/layers/attention/fp8_mla_decode.py"
 SM_SCALE = 1 / 16.0
 # The issue's bar: no worse than 1.5x the upstream path (FlashInfer on the BF16 cast), which
@@ -46,17 +44,31 @@ BF16_ROUNDING = 2.0**-7
 REL_TOL = 5e-3  # for the targeted tests on well-spread (normal) pools
 
 
-@pytest.fixture(scope="module")
-def native(tmp_path_factory: pytest.TempPathFactory, require):
-    """fp8_mla_decode from a real 0.5.12.post1 tree patched by the real apply tool."""
+def distinct_native_lines() -> list[str]:
+    """One line per distinct fp8_mla_decode.py the series ship (the lock's after-hashes): the
+    suite below runs on each; test_every_line_ships_a_tested_native_kernel reads the files."""
+    lock, _ = load_lock(REPO / "patches")
+    first: dict[str, str] = {}
+    for line in source_lines():
+        first.setdefault(lock["series"][line]["files"][NATIVE]["after"], line)
+    return sorted(first.values())
+
+
+@pytest.fixture(scope="module", params=distinct_native_lines())
+def native(request, patched_tree, require):
+    """fp8_mla_decode from a real tree of that line patched by the real apply tool."""
     require(
         os.environ.get("TRITON_INTERPRET") == "1",
         "Triton was imported before TRITON_INTERPRET=1 could be set",
     )
-    site = extract_site(fetch_wheel(VERSION), tmp_path_factory.mktemp("site"), [BACKEND])
-    outcome = apply(site, REPO / "patches")
-    assert outcome.action == "applied", outcome.message
-    return load_kernel_module(site / NATIVE)
+    return load_kernel_module(patched_tree(request.param) / NATIVE)
+
+
+def test_every_line_ships_a_tested_native_kernel(patched_tree):
+    """Each line's patched tree holds, byte for byte, a kernel file the suite here runs on."""
+    tested = {(patched_tree(v) / NATIVE).read_bytes() for v in distinct_native_lines()}
+    for line in source_lines():
+        assert (patched_tree(line) / NATIVE).read_bytes() in tested, line
 
 
 def fp8_pool(rows: int, kind: str, gen: torch.Generator) -> torch.Tensor:

@@ -17,7 +17,7 @@ from support.launch import (
     Recorder,
     good_marker,
     gpus_like,
-    pinned_sglang_parser,
+    sglang_parser_for,
 )
 
 from glmserve.launch import Gpu, Host, LaunchError, run
@@ -71,9 +71,9 @@ def launch(base_env: dict[str, str]) -> Callable[..., Outcome]:
             cuda_version=lambda _env: cuda,
             sglang_site=lambda: site,
             detect_version=lambda _site: version,
-            read_marker=lambda _site: good_marker() if marker == "good" else marker,
+            read_marker=lambda _site: good_marker(version) if marker == "good" else marker,
             preflight=lambda _site: list(preflight or []),
-            sglang_parser=pinned_sglang_parser,
+            sglang_parser=lambda _site: sglang_parser_for(version),
             run_selftest=fake_selftest,
             execvpe=lambda file, args, e: rec.execs.append((file, list(args), dict(e))),
         )

@@ -27,6 +27,7 @@ from support.launch import (
 from glmserve import buildinfo
 from glmserve.launch import load_profile
 from glmserve.launch.inventory import Gpu
+from glmserve.launch.profiles import sglang_versions
 
 RTX_PROFILE = "glm5-nvfp4-rtxpro6000-tp8"
 B200_PROFILE = "glm5-nvfp4-b200-tp8"
@@ -167,9 +168,11 @@ def test_every_profile_dry_runs_against_its_model(launch, profile):
     model = [] if profile.startswith("tiny") else GLM_ARGS
     if load_profile(PROFILES_DIR, profile).nodes > 1:  # refuses to plan without its rank
         model = [*model, "--node-rank", "0", "--dist-init-addr", "10.0.0.1:5000"]
-    report = dry(launch, ["--profile", profile, *model])
+    (version,) = sglang_versions(load_profile(PROFILES_DIR, profile))  # the image of its line
+    report = dry(launch, ["--profile", profile, *model], version=version)
     assert report["profile"] == profile
     assert report["argv"][1:3] == ["-m", "sglang.launch_server"]
+    assert report["sglang"]["version"] == version
 
 
 def test_inputs_come_from_env_and_cli_wins(launch):
@@ -446,6 +449,7 @@ def test_start_runs_selftest_writes_build_info_then_execs(launch, base_env):
         "fp8_attention_why": "default (not timed)",
         "fp8_attention_timing": "",
         "attention_backend": "flashinfer",
+        "patch_in_use": "yes",
         "source": "launcher",
     }
 
@@ -717,3 +721,60 @@ def test_under_compose_a_refusal_is_recorded_and_waits_instead_of_restarting(bas
     # One-off commands answer and exit even with it (`docker compose run --rm sglang --check`).
     assert main(["--check", "--profile", "glm5-h100"], host) == 2
     assert waits == [] and buildinfo.read_launch_error(base_env["GLMSERVE_BUILD_INFO"]) is None
+
+
+@pytest.mark.parametrize(
+    ("profile", "version"),
+    [("glm5-nvfp4-rtxpro6000-tp8-dsa", PINNED), (RTX_PROFILE, "0.5.17")],
+)
+def test_a_profile_of_another_line_is_refused_in_one_line(launch, profile, version):
+    """The 0.5.17 DSA profiles need the 0.5.17 image and the patched dense ones 0.5.12.post1's."""
+    outcome = launch(["--dry-run", "--profile", profile, *GLM_ARGS], version=version)
+    assert_refused(outcome, f"installed SGLang is {version}", f"profile '{profile}'")
+
+
+def test_the_current_line_s_dsa_profiles_do_not_use_the_patch(launch):
+    for profile in ("glm5-nvfp4-rtxpro6000-tp8-dsa", "glm5-nvfp4-b200-tp8-dsa"):
+        report = dry(launch, ["--profile", profile, *GLM_ARGS], version="0.5.17", marker=None)
+        assert report["sglang"]["patch_in_use"] is False
+        assert report["sglang"]["attention_backend"] == "dsa"
+
+
+def test_fa3_is_a_patched_path_from_0_5_17_on(launch):
+    """0.5.17's series also patches FlashAttention's MLA path (SGLang's SM90 default): a tiny
+    MLA run moved onto fa3 keeps the patch checks there, and drops them on 0.5.12.post1."""
+    for profile, version, patched in (
+        ("tiny-mla-78l-sglang0.5.17", "0.5.17", True),
+        ("tiny-mla-78l", PINNED, False),
+    ):
+        argv = ["--profile", profile, "--", "--attention-backend", "fa3"]
+        report = dry(launch, argv, version=version, marker="good" if patched else None)
+        assert report["sglang"]["patch_in_use"] is patched, version
+        assert report["sglang"]["attention_backend"] == "fa3"
+
+
+def test_a_fa3_start_on_0_5_17_records_the_gather_path_and_the_patch_in_use(launch, base_env):
+    """fa3's MLA path always gathers through its page table; build info says which line, which
+    backend, that the patch is in use, and that decode gathers (whatever native mode was asked)."""
+    argv = ["--profile", "tiny-mla-78l-sglang0.5.17", "--", "--attention-backend", "fa3"]
+    outcome = launch(argv, version="0.5.17", gpus=gpus_like(H200, 1))
+    assert outcome.code == 0, outcome.err
+    info = buildinfo.read_build_info(base_env["GLMSERVE_BUILD_INFO"])
+    assert info["sglang_version"] == info["patch_series"] == "0.5.17"
+    assert (info["attention_backend"], info["patch_in_use"]) == ("fa3", "yes")
+    assert (info["fp8_gather"], info["fp8_attention"]) == ("on", "gather")
+    assert info["fp8_attention_why"].startswith("fa3 MLA path")
+
+
+def test_a_dsa_start_on_0_5_17_records_the_patch_not_in_use(launch, base_env):
+    outcome = launch(
+        ["--profile", "glm5-nvfp4-rtxpro6000-tp8-dsa", *GLM_ARGS], version="0.5.17", marker=None
+    )
+    assert outcome.code == 0, outcome.err
+    assert outcome.rec.selftests == 0
+    info = buildinfo.read_build_info(base_env["GLMSERVE_BUILD_INFO"])
+    assert (info["attention_backend"], info["patch_in_use"], info["fp8_gather"]) == (
+        "dsa",
+        "no",
+        "",
+    )

@@ -12,6 +12,7 @@ from support.launch import PINNED, PROFILE_NAMES, PROFILES_DIR, TINY_MODEL
 
 from glmserve.launch import LaunchError, load_profile, parse_profile_file
 from glmserve.launch.profiles import LAUNCHER_OWNED_FLAGS, find_profiles_dir, sglang_versions
+from glmserve.sglang_lines import CURRENT_LINE
 
 REQUIRED = {
     "glm5-nvfp4-rtxpro6000-tp8",
@@ -28,8 +29,12 @@ def test_the_required_profiles_ship():
 @pytest.mark.parametrize("name", PROFILE_NAMES)
 def test_shipped_profile_parses_and_documents_every_flag(name):
     profile = load_profile(PROFILES_DIR, name)
-    # Shipped profiles name no SGLang: the pinned line lists them (glmserve.sglang_lines).
-    assert profile.sglang_version is None and sglang_versions(profile) == (PINNED,)
+    # Shipped profiles name no SGLang: their line lists them (glmserve.sglang_lines), the default
+    # or the current one, each built by the one Dockerfile.
+    assert profile.sglang_version is None and sglang_versions(profile) in (
+        (PINNED,),
+        (CURRENT_LINE,),
+    )
     flags = [a for a in profile.args if a.startswith("--")]
     assert flags and all(profile.notes[f].strip() for f in flags)
     assert all(profile.notes[k].strip() for k in profile.env)
@@ -46,7 +51,13 @@ def _pairs(args) -> dict[str, str]:
     return out
 
 
-GLM_PROFILES = ("glm5-nvfp4-rtxpro6000-tp8", "glm5-nvfp4-b200-tp8", "glm5-nvfp4-b200-tp8-dense")
+GLM_PROFILES = (
+    "glm5-nvfp4-rtxpro6000-tp8",
+    "glm5-nvfp4-b200-tp8",
+    "glm5-nvfp4-b200-tp8-dense",
+    "glm5-nvfp4-rtxpro6000-tp8-dsa",
+    "glm5-nvfp4-b200-tp8-dsa",
+)
 
 
 @pytest.mark.parametrize("name", GLM_PROFILES)
@@ -94,7 +105,7 @@ def test_b200_default_is_dsa_and_the_dense_patched_path_is_the_named_ab():
 
 
 def test_tiny_profiles_point_at_the_shipped_model():
-    for name in ("tiny-mla", "tiny-mla-78l"):
+    for name in ("tiny-mla", "tiny-mla-78l", "tiny-mla-78l-sglang0.5.17"):
         assert load_profile(PROFILES_DIR, name).model.default_path == TINY_MODEL
 
 
@@ -178,3 +189,31 @@ def test_profiles_dir_env_and_explicit_beat_the_checkout(tmp_path: Path):
     assert find_profiles_dir({"GLMSERVE_PROFILES_DIR": str(tmp_path)}, None) == tmp_path
     with pytest.raises(LaunchError, match="no profiles directory"):
         find_profiles_dir({}, str(tmp_path / "missing"))
+
+
+@pytest.mark.parametrize("gpu", ["rtxpro6000", "b200"])
+def test_the_current_line_runs_glm5_on_dsa_and_the_dense_patched_line_is_the_speed_ab(gpu):
+    """0.5.17: DSA with native FP8 KV, SGLang's own default for GLM-5 there; the 0.5.12.post1
+    dense patched profile of the same box is kept as the named speed A/B, same memory/graphs."""
+    dsa = load_profile(PROFILES_DIR, f"glm5-nvfp4-{gpu}-tp8-dsa")
+    dense = load_profile(
+        PROFILES_DIR, f"glm5-nvfp4-{gpu}-tp8" + ("-dense" if gpu == "b200" else "")
+    )
+    d, ab = _pairs(dsa.args), _pairs(dense.args)
+    assert sglang_versions(dsa) == (CURRENT_LINE,) and sglang_versions(dense) == (PINNED,)
+    assert d["--attention-backend"] == "dsa" and ab["--attention-backend"] == "flashinfer"
+    want = "flashinfer_sparse_mla" if gpu == "rtxpro6000" else "trtllm"
+    assert d["--dsa-prefill-backend"] == d["--dsa-decode-backend"] == want
+    assert "GLMSERVE_FP8_GATHER" not in dsa.env and dense.env["GLMSERVE_FP8_GATHER"] == "1"
+    assert dsa.capability_majors == dense.capability_majors
+    attention = {"--attention-backend", "--dsa-prefill-backend", "--dsa-decode-backend"}
+    strip = lambda ps: {k: v for k, v in ps.items() if k not in attention}  # noqa: E731
+    assert strip(d) == strip(ab)
+
+
+def test_the_current_line_s_deep_tiny_profile_is_the_pinned_one_on_0_5_17():
+    pinned = load_profile(PROFILES_DIR, "tiny-mla-78l")
+    current = load_profile(PROFILES_DIR, f"tiny-mla-78l-sglang{CURRENT_LINE}")
+    assert sglang_versions(current) == (CURRENT_LINE,)
+    assert current.args == pinned.args and current.env == pinned.env
+    assert current.model == pinned.model

@@ -22,12 +22,18 @@ import pytest
 from support.launch import PINNED, PROFILE_NAMES, PROFILES_DIR, pinned_sglang_parser
 
 from glmserve.launch.profiles import LAUNCHER_OWNED_FLAGS, parse_profile_file
-from glmserve.launch.sglang_argv import resolve
+from glmserve.launch.sglang_argv import annotated_fields, resolve
 from glmserve.series.errors import PatchError
 from glmserve.series.wheels import default_cache_dir, fetch_wheel
 
 SERVER_ARGS = "sglang/srt/server_args.py"
 VALUELESS_ACTIONS = {"store_true", "store_false", "store_const", "count", "help", "version"}
+# SGLang's own valueless actions (arg_groups/argparse_actions.py in 0.5.17+: nargs=0).
+DEPRECATED_VALUELESS = {
+    "DeprecatedStoreTrueAction",
+    "DeprecatedStoreConstAction",
+    "DeprecatedAction",
+}
 
 
 @dataclass(frozen=True)
@@ -142,23 +148,48 @@ def parse_server_args(
         )
         kw = {k.arg: k.value for k in node.keywords if k.arg}
         action = kw.get("action")
+        action_name = getattr(action, "attr", None) or getattr(action, "id", None)
         spec = FlagSpec(
             options=options,
-            action=action.value if isinstance(action, ast.Constant) else None,
+            action=action.value
+            if isinstance(action, ast.Constant)
+            else ("store_true" if action_name in DEPRECATED_VALUELESS else None),
             choices=resolver.strings(kw["choices"]) if "choices" in kw else None,
             type_name=kw["type"].id if isinstance(kw.get("type"), ast.Name) else None,
         )
         for option in options:
             specs[option] = spec
+    for options, _name, meta in annotated_fields(tree):  # SGLang 0.5.17+: annotated fields
+        kind = meta["__kind__"].value
+        action = meta.get("action")
+        action_name = getattr(action, "attr", None) or getattr(action, "id", None)
+        valueless = kind == "bool" or action_name in {
+            "BooleanOptionalAction",
+            "DeprecatedStoreTrueAction",
+        }
+        spec = FlagSpec(
+            options=tuple(options),
+            action="store_true" if valueless else None,
+            choices=resolver.strings(meta["choices"]) if "choices" in meta else None,
+            type_name=_scalar_type(meta["__type__"]),
+        )
+        for option in options:
+            specs.setdefault(option, spec)
     return specs
 
 
-@pytest.fixture(scope="module")
-def specs(require) -> dict[str, FlagSpec]:
+def _scalar_type(node: ast.AST) -> str | None:
+    """int / float / str of a field's type, Optional unwrapped (None: anything else)."""
+    if isinstance(node, ast.Subscript) and getattr(node.value, "id", None) == "Optional":
+        node = node.slice
+    return node.id if isinstance(node, ast.Name) and node.id in ("int", "float", "str") else None
+
+
+def _wheel_specs(version: str, require) -> dict[str, FlagSpec]:
     try:
-        wheel = fetch_wheel(PINNED, default_cache_dir())
+        wheel = fetch_wheel(version, default_cache_dir())
     except PatchError as exc:
-        require(False, f"cannot get the sglang {PINNED} wheel: {exc}")
+        require(False, f"cannot get the sglang {version} wheel: {exc}")
     with zipfile.ZipFile(wheel) as zf:
         source = zf.read(SERVER_ARGS).decode("utf-8")
         names = set(zf.namelist())
@@ -168,6 +199,24 @@ def specs(require) -> dict[str, FlagSpec]:
             return zf.read(path).decode("utf-8") if path in names else ""
 
         return parse_server_args(source, read_module)
+
+
+@pytest.fixture(scope="module")
+def specs(require) -> dict[str, FlagSpec]:
+    return _wheel_specs(PINNED, require)
+
+
+@pytest.fixture(scope="module")
+def line_specs(require) -> Callable[[str], dict[str, FlagSpec]]:
+    """version -> that SGLang line's flags (each profile is checked against its own line)."""
+    cache: dict[str, dict[str, FlagSpec]] = {}
+
+    def get(version: str) -> dict[str, FlagSpec]:
+        if version not in cache:
+            cache[version] = _wheel_specs(version, require)
+        return cache[version]
+
+    return get
 
 
 def test_the_parse_sees_the_real_parser(specs):
@@ -184,7 +233,7 @@ def test_the_parse_sees_the_real_parser(specs):
     assert "flashinfer_trtllm" in specs["--moe-runner-backend"].choices
 
 
-def check_argv(argv: list[str], specs: dict[str, FlagSpec]) -> list[str]:
+def check_argv(argv: list[str], specs: dict[str, FlagSpec], version: str = PINNED) -> list[str]:
     """Problems with an argv fragment as SGLang's argparse would see it."""
     problems = []
     i = 0
@@ -197,7 +246,7 @@ def check_argv(argv: list[str], specs: dict[str, FlagSpec]) -> list[str]:
         flag, has_inline, inline = token.partition("=")
         spec = specs.get(flag)
         if spec is None:
-            problems.append(f"{flag} does not exist in SGLang {PINNED}")
+            problems.append(f"{flag} does not exist in SGLang {version}")
             i += 1
             continue
         if not spec.takes_value:
@@ -229,9 +278,48 @@ def check_argv(argv: list[str], specs: dict[str, FlagSpec]) -> list[str]:
 
 
 @pytest.mark.parametrize("name", PROFILE_NAMES)
-def test_every_profile_flag_exists_with_a_legal_value(specs, name):
+def test_every_profile_flag_exists_with_a_legal_value(line_specs, name):
+    """Against the server_args.py of the line the profile names (0.5.12.post1 or 0.5.17)."""
     profile = parse_profile_file(PROFILES_DIR / f"{name}.json")
-    assert check_argv(list(profile.args), specs) == []
+    version = profile.sglang_version
+    assert check_argv(list(profile.args), line_specs(version), version) == []
+
+
+def test_the_parse_sees_the_annotated_parser_of_the_current_line(line_specs):
+    """0.5.17 declares most options as annotated ServerArgs fields, not add_argument calls: the
+    parse must see them with their choices, or the current line's profiles check nothing."""
+    specs = line_specs("0.5.17")
+    assert len(specs) > 400
+    assert {"dsa", "flashinfer", "fa3", "trtllm_mla"} <= specs["--attention-backend"].choices
+    assert "flashinfer_sparse_mla" in specs["--dsa-decode-backend"].choices
+    assert specs["--enable-metrics"].action == "store_true"
+    assert specs["--tp-size"].type_name == "int" and "--tensor-parallel-size" in specs
+    assert check_argv(["--attention-backend", "dsaa", "--dsa-decode-backend", "x"], specs) == [
+        "--attention-backend 'dsaa' is not one of its choices",
+        "--dsa-decode-backend 'x' is not one of its choices",
+    ]
+
+
+@pytest.mark.parametrize("version", ["0.5.17", "0.5.23"])
+def test_the_launchers_parser_reads_the_newer_lines(version, require):
+    """The launcher rebuilds SGLang's parser at start to keep its own flags its own: on the newer
+    lines (annotated fields; 0.5.23's moved into arg_groups/fields/) it must still find them."""
+    from glmserve.launch.profiles import LAUNCHER_OWNED_FLAGS
+    from glmserve.launch.sglang_argv import FIELDS_DIR, owned_dests, parser_from_source
+
+    with zipfile.ZipFile(fetch_wheel(version, default_cache_dir())) as zf:
+        fields = tuple(
+            zf.read(n).decode()
+            for n in sorted(zf.namelist())
+            if n.startswith(FIELDS_DIR + "/")
+            and n.endswith(".py")
+            and not n.endswith("/__init__.py")
+        )
+        parser = parser_from_source(zf.read(SERVER_ARGS).decode(), fields)
+    dests = owned_dests(parser, LAUNCHER_OWNED_FLAGS)
+    assert {"model_path", "tp_size", "host", "port", "nnodes", "node_rank"} <= set(dests)
+    assert resolve(parser, "--tensor-parallel") == resolve(parser, "--tp") == "tp_size"
+    assert resolve(parser, "--dsa-decode-backend") == "dsa_decode_backend"
 
 
 def test_the_flags_the_launcher_adds_exist(specs):

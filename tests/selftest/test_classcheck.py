@@ -59,3 +59,16 @@ def test_a_wrong_wiring_is_refused(site, tmp_path, name):
     broken.write_text(mutate((site / BACKEND_REL).read_text(), mutant))
     with pytest.raises(WiringFailure, match=r"differs from the upstream cast|off fp64|ran 0 times"):
         checks(site, broken)
+
+
+def test_the_class_checks_say_which_lines_they_drive(patched_tree):
+    """0.5.12.post1's tree is driven; 0.5.17's and 0.5.23's (their backend API reorganised)
+    are named as not ported, so the self-test refuses there in one line, never crashes."""
+    from glmserve.selftest.classcheck import CLASS_CHECK_SERIES, unported_line
+
+    backend = "sglang/srt/layers/attention/flashinfer_mla_backend.py"
+    assert unported_line(patched_tree("0.5.12.post1") / backend) is None
+    for line in ("0.5.17", "0.5.23"):
+        why = unported_line(patched_tree(line) / backend)
+        assert why is not None and f"patched with series {line}" in why
+        assert line not in CLASS_CHECK_SERIES

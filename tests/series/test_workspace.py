@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -18,6 +19,8 @@ REPO = Path(__file__).resolve().parents[2]
 PINNED = "0.5.12.post1"
 BACKEND = "sglang/srt/layers/attention/flashinfer_mla_backend.py"
 GATHER = "sglang/srt/layers/attention/fp8_kv_gather.py"
+NATIVE = "sglang/srt/layers/attention/fp8_mla_decode.py"
+FA_BACKEND = "sglang/srt/layers/attention/flashattention_backend.py"
 
 
 @pytest.fixture
@@ -83,7 +86,10 @@ def test_refusals_are_one_line_and_change_nothing(tmp_path, patches, monkeypatch
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "keep").write_text("mine")
-    assert workspace.main(["open", str(busy), "--patches", str(patches), "--offline"]) == 1
+    opening = ["open", str(busy), "--patches", str(patches), "--offline"]
+    assert workspace.main(opening) == 1
+    assert "several source series" in capsys.readouterr().err
+    assert workspace.main([*opening, "--series", PINNED]) == 1
     assert "not empty" in capsys.readouterr().err and (busy / "keep").read_text() == "mine"
 
     assert workspace.main(["diff", str(busy), "--patches", str(patches)]) == 1
@@ -96,6 +102,49 @@ def test_refusals_are_one_line_and_change_nothing(tmp_path, patches, monkeypatch
     assert workspace.main(["diff", str(ws), "--patches", str(patches)]) == 1
     assert "git is needed" in capsys.readouterr().err
     assert committed.read_bytes() == old
+
+
+@pytest.mark.parametrize("source", ["0.5.17", "0.5.23"])
+def test_an_unedited_work_area_of_a_newer_series_reproduces_it(tmp_path, patches, source):
+    """Each line's series is the diff of real files too, its second target file included."""
+    (committed,) = (patches / source).glob("*.patch")
+    before = committed.read_bytes()
+    ws = workspace.open_workspace(tmp_path / "ws", patches, source, default_cache_dir())
+    assert (ws / "a" / FA_BACKEND).read_bytes() != (ws / "b" / FA_BACKEND).read_bytes()
+    assert workspace.workspace_diff(ws, patches) == (committed, False)
+    assert committed.read_bytes() == before
+
+
+def test_a_new_series_starts_from_the_release_files_and_the_old_modules(tmp_path, patches):
+    """open --new: the newer wheel's pristine files (plus --add-file) in a/ and b/, the source's
+    new modules in b/ as they ship; the first diff takes the source's preamble."""
+    befores = load_series(patches, "0.5.17").files
+    with pytest.raises(PatchError, match=r"series 0\.5\.17 already exists"):
+        workspace.open_workspace(tmp_path / "again", patches, "0.5.17", new_from=PINNED)
+    shutil.rmtree(patches / "0.5.17")
+    ws = workspace.open_workspace(
+        tmp_path / "new",
+        patches,
+        "0.5.17",
+        default_cache_dir(),
+        new_from=PINNED,
+        add_files=(FA_BACKEND,),
+    )
+    for rel in (BACKEND, FA_BACKEND):
+        digest = hashlib.sha256((ws / "a" / rel).read_bytes()).hexdigest()
+        assert digest == befores[rel].before  # the 0.5.17 wheel's own file
+        assert (ws / "b" / rel).read_bytes() == (ws / "a" / rel).read_bytes()
+    shipped = _open(tmp_path, patches)
+    assert (ws / "b" / GATHER).read_bytes() == (shipped / "b" / GATHER).read_bytes()
+    assert not (ws / "a" / GATHER).exists()
+
+    target, changed = workspace.workspace_diff(ws, patches)
+    (pinned,) = (patches / PINNED).glob("*.patch")
+    assert changed and target == patches / "0.5.17" / pinned.name  # the source's name
+    preamble = pinned.read_bytes()[: pinned.read_bytes().index(b"diff --git ")]
+    assert target.read_bytes().startswith(preamble)
+    # Nothing of the release's own files was edited yet: only the new modules are in the diff.
+    assert {fp.path for fp in parse_patch(target.read_bytes())} == {GATHER, NATIVE}
 
 
 def test_open_refuses_a_version_that_is_not_a_source(tmp_path, patches):

@@ -38,6 +38,8 @@ from support.stack import (
     run,
 )
 
+from glmserve.sglang_lines import CURRENT_LINE, DEFAULT_LINE
+
 
 @pytest.fixture(scope="session")
 def require_fn(request: pytest.FixtureRequest) -> Callable[[bool, str], None]:
@@ -114,6 +116,39 @@ def server_image(ci_bases: dict[str, str], tools_image: str, stack_timings: Timi
             timeout=900,
         )
     return TEST_SERVER_IMAGE
+
+
+@pytest.fixture(scope="session")
+def current_line_image(ci_bases: dict[str, str], tools_image: str, stack_timings: Timings) -> str:
+    """The same `server` stage built on the current SGLang line (glmserve.sglang_lines: 0.5.17),
+    from the one build argument SGLANG_LINE, on that line's stand-in base."""
+    line = CURRENT_LINE
+    with stack_timings.measure(f"ci base sglang {line}"):
+        env = {**os.environ, "PYTHON": sys.executable, "GLMSERVE_CI_SGLANG_LINE": line}
+        proc = run([str(REPO / "docker" / "ci-bases.sh"), "sglang"], env=env, timeout=900)
+    bases = dict(item.split("=", 1) for item in proc.stdout.split() if "=" in item)
+    assert bases.get("BASE_IMAGE") == f"glmserve-ci/sglang:{line}", proc.stdout
+    image = f"{TEST_SERVER_IMAGE}-sglang{line}"
+    with stack_timings.measure(f"server image build ({line})"):
+        run(
+            ["docker", "compose", "-f", "compose.yaml", "build", "sglang"],
+            env=compose_env(
+                {**ci_bases, "BASE_IMAGE": bases["BASE_IMAGE"]},
+                COMPOSE_PROFILES="gpu",
+                GLMSERVE_IMAGE=image,
+                **lock_build_args(line),
+            ),
+            timeout=900,
+        )
+    return image
+
+
+@pytest.fixture(scope="session", params=["default", "current"])
+def line_image(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """(SGLang line, server image): the image built on each line CI covers."""
+    if request.param == "default":
+        return DEFAULT_LINE, request.getfixturevalue("server_image")
+    return CURRENT_LINE, request.getfixturevalue("current_line_image")
 
 
 @pytest.fixture(scope="session")

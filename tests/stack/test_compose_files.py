@@ -347,13 +347,23 @@ def test_json_extra_args_survive_the_env_file(tmp_path: Path) -> None:
     assert json.loads(value) == extra
 
 
-def test_dockerfile_bases_are_pinned_by_digest() -> None:
-    for arg in ("BASE_IMAGE", "TOOLS_BASE_IMAGE"):
-        value = dockerfile_arg(arg)
-        assert "@sha256:" in value and ":latest" not in value, (arg, value)
-    assert "lmsysorg/sglang:v" + dockerfile_arg("SGLANG_VERSION") + "-cu130" in dockerfile_arg(
-        "BASE_IMAGE"
+def test_dockerfile_bases_are_pinned() -> None:
+    """The tools base by digest; the server base by default the default line's official image by
+    digest, another line's by its version tag (glmserve.sglang_lines build-args), which the build
+    holds to that line's pins (--expect-line)."""
+    from glmserve.sglang_lines import DEFAULT_LINE, LINES
+
+    tools = dockerfile_arg("TOOLS_BASE_IMAGE")
+    assert "@sha256:" in tools and ":latest" not in tools
+    assert dockerfile_arg("SGLANG_LINE") == DEFAULT_LINE
+    assert dockerfile_arg("BASE_IMAGE") == LINES[DEFAULT_LINE].base_image
+    for line in LINES.values():
+        assert line.image == f"lmsysorg/sglang:v{line.version}-cu130", line
+    assert LINES[DEFAULT_LINE].base_image.endswith(
+        "@sha256:ceaf8b16e02d165143633ac228bbb994a05fe77d7e0526cf035ae4bbf4eacc36"
     )
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert '--expect-line "${SGLANG_LINE}"' in dockerfile
 
 
 def test_dockerfile_label_defaults_match_the_patch_lock() -> None:

@@ -16,6 +16,7 @@ BUILD_INFO = {
     "fp8_gather": "on",
     "fp8_attention": "native",
     "fp8_attention_requested": "auto",
+    "patch_in_use": "yes",
     "source": "launcher",
 }
 

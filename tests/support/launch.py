@@ -40,6 +40,33 @@ def pinned_server_args_source() -> str:
         return zf.read(SERVER_ARGS_FILE).decode("utf-8")
 
 
+@functools.lru_cache(maxsize=4)
+def sglang_parser_for(version: str) -> argparse.ArgumentParser:
+    """The launcher's view of that SGLang line's parser, from its wheel (server_args.py and, from
+    0.5.23, arg_groups/fields/)."""
+    from glmserve.launch.sglang_argv import FIELDS_DIR
+    from glmserve.series.errors import PatchError
+    from glmserve.series.wheels import fetch_wheel
+    from support.policy import require
+
+    if version == PINNED:
+        return pinned_sglang_parser()
+    try:
+        wheel = fetch_wheel(version)
+    except PatchError as exc:
+        require(False, f"cannot get the sglang {version} wheel: {exc}")
+        raise
+    with zipfile.ZipFile(wheel) as zf:
+        fields = tuple(
+            zf.read(n).decode("utf-8")
+            for n in sorted(zf.namelist())
+            if n.startswith(FIELDS_DIR + "/")
+            and n.endswith(".py")
+            and not n.endswith("/__init__.py")
+        )
+        return parser_from_source(zf.read(SERVER_ARGS_FILE).decode("utf-8"), fields)
+
+
 def pinned_sglang_parser(_site: Path | None = None) -> argparse.ArgumentParser:
     """The launcher's view of the pinned SGLang's argument parser, for a Host double whose
     site-packages are not real."""

@@ -91,3 +91,25 @@ def wheel_tree(
         return cache[key]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def patched_tree(
+    tmp_path_factory: pytest.TempPathFactory, pristine_site: Callable[[str], Path]
+) -> Callable[[str], Path]:
+    """version -> that version's real tree with the committed series applied by the real tool
+    (shared by the session: tests read it, never write it)."""
+    from glmserve.series import apply
+
+    cache: dict[str, Path] = {}
+
+    def get(version: str) -> Path:
+        if version not in cache:
+            site = tmp_path_factory.mktemp(f"patched-{version}")
+            shutil.copytree(pristine_site(version), site, dirs_exist_ok=True)
+            outcome = apply(site, PATCHES)
+            assert outcome.action == "applied", outcome.message
+            cache[version] = site
+        return cache[version]
+
+    return get

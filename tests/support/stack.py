@@ -70,15 +70,17 @@ class _Timer:
         self.timings.phases[self.name] = time.monotonic() - self.start
 
 
-def lock_build_args() -> dict[str, str]:
-    """PATCH_SERIES / PATCH_LOCK_SHA256 as the patch tool would record them for the pinned SGLang."""
+def lock_build_args(line: str | None = None) -> dict[str, str]:
+    """SGLANG_LINE / PATCH_LOCK_SHA256 as the patch tool would record them for that line (the
+    Dockerfile's default line unless given): each line is its own source series."""
 
     raw = (REPO / "patches" / "series.lock.json").read_bytes()
     lock = json.loads(raw)
-    version = dockerfile_arg("SGLANG_VERSION")
+    version = line or dockerfile_arg("SGLANG_LINE")
     assert version in lock["series"], f"series.lock.json has no series for SGLang {version}"
     source = lock["series"][version]["source"]  # the marker names the source series applied
-    return {"PATCH_SERIES": source, "PATCH_LOCK_SHA256": hashlib.sha256(raw).hexdigest()}
+    assert source == version, f"SGLang line {version} is served by series {source}, not its own"
+    return {"SGLANG_LINE": version, "PATCH_LOCK_SHA256": hashlib.sha256(raw).hexdigest()}
 
 
 def dockerfile_arg(name: str) -> str:

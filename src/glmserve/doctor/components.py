@@ -151,6 +151,16 @@ def value_problems(
         if together and not alone:
             alone.append(f"{component.service}: {together}")
         problems += alone
+    line = values.get("SGLANG_LINE", "").strip()
+    if line:  # a build argument only: no service reads it, so it is checked here
+        from glmserve.sglang_lines import LineError, get
+
+        try:
+            get(line)
+        except LineError as exc:
+            problems.append(
+                f"{shown('SGLANG_LINE', values['SGLANG_LINE'])} ({where['SGLANG_LINE']}): {exc}"
+            )
     fleet_values = {k: v for k, v in values.items() if k.startswith(FLEET_PREFIXES)}
     if any(values.get(name, "").strip() for name in FLEET_IN_USE):
         said = fleet({**fleet_values, "GLMSERVE_PROFILE": values.get("GLMSERVE_PROFILE", "")})

@@ -45,6 +45,7 @@ INFO_LABELS = (
     "fp8_gather",
     "fp8_attention",
     "fp8_attention_requested",
+    "patch_in_use",
     "build_source",
 )
 
@@ -95,10 +96,12 @@ def summarize(labels: dict[str, str], build_present: bool) -> str:
     else:
         kv = f"KV {dtype or 'unknown'}"
     backend = labels.get("attention_backend", "")
-    if backend and backend != "flashinfer":
-        # DSA (nsa) and the other backends read the pool through code the series never touches:
-        # an installed series must not read as "patched" there.
-        patch = f"{backend} attention, patch not in use"
+    in_use = labels.get("patch_in_use", "")
+    if in_use == "no" or (not in_use and backend and backend != "flashinfer"):
+        # DSA (nsa/dsa) and the other backends read the pool through code the series never
+        # touches: an installed series must not read as "patched" there. Where the build says
+        # nothing (an emulator, an older file), flashinfer is the one patched backend.
+        patch = f"{backend or 'default'} attention, patch not in use"
     elif not build_present:
         patch = "patch unknown"
     elif not labels.get("patch_series"):
@@ -106,6 +109,8 @@ def summarize(labels: dict[str, str], build_present: bool) -> str:
     elif labels.get("fp8_gather") == "on":
         path = labels.get("fp8_attention", "")
         patch = f"patched, {path} decode" if path else "patched"
+        if backend not in ("", "flashinfer"):  # fa3, patched from SGLang 0.5.17 on
+            patch = f"{backend} attention, {patch}"
     else:
         patch = "patched, gather off"
     parts = [kv, patch]
@@ -323,6 +328,7 @@ class TargetInfoCollector(Collector):
             # faster on this GPU): a fallback from native shows on the dashboard and alerts.
             labels["fp8_attention"] = build.get("fp8_attention", "")
             labels["fp8_attention_requested"] = build.get("fp8_attention_requested", "")
+            labels["patch_in_use"] = build.get("patch_in_use", "")
             labels["build_source"] = build.get("source", "")
             for key in ("sglang_version", "attention_backend"):  # the server's answer wins
                 if not labels[key]:

@@ -462,7 +462,7 @@ def validate(profile: Profile, inputs: Inputs, host: Host, dry_run: bool) -> Val
     model_config = checks.check_model(profile, inputs.model_path)
     plan = build_plan(profile, inputs, environ, sys.executable, model_config)
     backend = decode_attention_backend(plan.argv)
-    patched_path = uses_patched_path(plan.argv)
+    patched_path = uses_patched_path(plan.argv, sglang_versions(profile))
     site = host.sglang_site()
     # compose's launcher service dry-runs in the tools image, so that seeing the command needs
     # no SGLang base image: the plan is the same, and SGLang itself is checked where it runs.
@@ -579,6 +579,14 @@ def write_build_info(ready: Validated, fp8_gather: str, decode: Fp8Decode) -> No
     target = ready.plan.inputs.build_info
     buildinfo.clear_launch_error(target)  # a previous refusal no longer holds
     patch_runs = fp8_gather == "on"
+    path, why = decode.path, decode.why
+    if patch_runs and ready.backend == "fa3":
+        # FlashAttention's MLA path (patched from 0.5.17 on) always gathers through its page
+        # table; the native kernel and the self-test's choice belong to the flashinfer backend.
+        path, why = (
+            switches.GATHER,
+            "fa3 MLA path: gather-then-cast of the pages its page table maps",
+        )
     buildinfo.write_build_info(
         target,
         {
@@ -591,11 +599,13 @@ def write_build_info(ready: Validated, fp8_gather: str, decode: Fp8Decode) -> No
             # The decode path the patched backend takes (empty where the patch does not run),
             # what was asked of it (native, gather, or auto: the faster here), why it runs,
             # and both paths' µs per layer where the self-test timed them.
-            "fp8_attention": decode.path if patch_runs else "",
+            "fp8_attention": path if patch_runs else "",
             "fp8_attention_requested": ready.fp8.request if patch_runs else "",
-            "fp8_attention_why": decode.why if patch_runs else "",
+            "fp8_attention_why": why if patch_runs else "",
             "fp8_attention_timing": decode.timing if patch_runs else {},
             "attention_backend": ready.backend,
+            # Whether this profile's decode runs a file the line's series patched.
+            "patch_in_use": "yes" if ready.patched_path else "no",
             "source": "launcher",
         },
     )

@@ -275,10 +275,12 @@ def decode_attention_backend(argv: Sequence[str]) -> str:
     )
 
 
-def uses_patched_path(argv: Sequence[str]) -> bool:
-    """True when decode runs SGLang's flashinfer MLA backend, the file the patch series changes.
-    DSA (nsa) and every other backend read the KV pool through code the series does not touch."""
-    return decode_attention_backend(argv) == "flashinfer"
+def uses_patched_path(argv: Sequence[str], sglang_versions: Sequence[str] = ()) -> bool:
+    """True when decode runs an MLA backend the patch series of one of these SGLang lines
+    changes: flashinfer on every line, and from 0.5.17 on also fa3 (glmserve.sglang_lines). DSA
+    (nsa/dsa) and every other backend read the KV pool through code the series does not touch."""
+    backend = decode_attention_backend(argv)
+    return any(backend in sglang_lines.patched_backends(v) for v in sglang_versions or ("",))
 
 
 def sglang_versions(profile: Profile) -> tuple[str, ...]:

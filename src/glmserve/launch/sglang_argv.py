@@ -12,6 +12,13 @@ Importing SGLang needs torch and its whole dependency tree, and the launcher mus
 strings, action, nargs, dest and const. Types, choices and defaults are left out; they do not
 change which option an argument resolves to. argparse itself then does the resolution, with the
 settings SGLang uses.
+
+From SGLang 0.5.17 on, most options are not `add_argument` calls but annotated `ServerArgs`
+fields (`tp_size: A[int, Arg(help=..., aliases=[...])] = 1`), which `add_cli_args` turns into
+options first (`add_cli_args_from_dataclass`, arg_groups/arg_utils.py): those are read from the
+class body by the same rules (the field name as `--field-name` unless `cli_name`, its aliases, a
+`bool` as store_true, a list as nargs "+", `no_cli` skipped). In 0.5.23 those fields moved into
+per-namespace classes (`arg_groups/fields/*.py`, each with a `_NS_PATH`), read the same way.
 """
 
 from __future__ import annotations
@@ -26,12 +33,15 @@ from typing import Any, NoReturn
 from glmserve.launch.errors import LaunchError
 
 SERVER_ARGS_FILE = "sglang/srt/server_args.py"
+FIELDS_DIR = "sglang/srt/arg_groups/fields"  # SGLang 0.5.23+: ServerArgs' fields by namespace
 PARSER_PROG = "sglang serve"  # prepare_server_args' parser; allow_abbrev left at True
 
 # SGLang's own argparse.Action subclasses, by the behaviour that matters for resolution: whether
 # the option consumes a value (nargs), which SGLang passes or defaults in their __init__.
-_VALUELESS_ACTIONS = {"DeprecatedStoreTrueAction", "DeprecatedAction"}
-_STORE_ACTIONS = {"LoRAPathAction"}
+_VALUELESS_ACTIONS = {"DeprecatedStoreTrueAction", "DeprecatedAction", "DeprecatedStoreConstAction"}
+_STORE_ACTIONS = {"LoRAPathAction", "DeprecatedAliasStoreAction"}
+# The annotation alias SGLang 0.5.17+ declares its fields with (`A = Annotated`).
+_ANNOTATED = {"A", "Annotated"}
 
 # `--config FILE` merges a YAML file into the argv (server_args_config_parser): its keys could set
 # anything, unseen by this check, so it is refused like a launcher-owned flag.
@@ -95,11 +105,103 @@ def _add_cli_args(tree: ast.Module) -> ast.FunctionDef:
     )
 
 
+def _field_kind(annotation: ast.AST) -> str:
+    """ "bool", "list" or "value" for a field's type (Optional[...] / X | None unwrapped)."""
+    node = annotation
+    if isinstance(node, ast.Subscript) and getattr(node.value, "id", None) == "Optional":
+        node = node.slice
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        sides = [x for x in (node.left, node.right) if not _is_none(x)]
+        node = sides[0] if len(sides) == 1 else node
+    if isinstance(node, ast.Name) and node.id == "bool":
+        return "bool"
+    if isinstance(node, ast.Subscript) and getattr(node.value, "id", None) in ("List", "list"):
+        return "list"
+    return "value"
+
+
+def _is_none(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and node.value is None
+
+
+def annotated_fields(tree: ast.Module) -> list[tuple[list[str], str, dict[str, ast.AST]]]:
+    """(option strings, field name, Arg(...) keywords) of each annotated ServerArgs field with
+    a CLI surface, in declaration order (add_cli_args_from_dataclass's)."""
+    out = []
+    for cls in ast.walk(tree):
+        if not (isinstance(cls, ast.ClassDef) and (cls.name == "ServerArgs" or _namespaced(cls))):
+            continue
+        for item in cls.body:
+            if not (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)):
+                continue
+            ann = item.annotation
+            if not (
+                isinstance(ann, ast.Subscript) and getattr(ann.value, "id", None) in _ANNOTATED
+            ):
+                continue
+            parts = ann.slice.elts if isinstance(ann.slice, ast.Tuple) else [ann.slice]
+            meta: dict[str, ast.AST] | None = None
+            for extra in parts[1:]:
+                if isinstance(extra, ast.Constant) and isinstance(extra.value, str):
+                    meta = {}
+                    break
+                if isinstance(extra, ast.Call) and getattr(extra.func, "id", None) == "Arg":
+                    meta = {k.arg: k.value for k in extra.keywords if k.arg}
+                    break
+            if meta is None or _literal(meta.get("no_cli", ast.Constant(False))) is True:
+                continue
+            name = item.target.id
+            cli = _literal(meta["cli_name"]) if "cli_name" in meta else None
+            aliases = _literal(meta["aliases"]) if "aliases" in meta else []
+            options = [cli or "--" + name.replace("_", "-"), *(aliases or [])]
+            if not all(isinstance(o, str) for o in options):
+                raise LaunchError(
+                    f"cannot read SGLang's argument parser: field {name} has non-literal "
+                    "option strings"
+                )
+            meta["__kind__"] = ast.Constant(_field_kind(parts[0]))
+            meta["__type__"] = parts[0]
+            out.append((options, name, meta))
+    return out
+
+
+def _namespaced(cls: ast.ClassDef) -> bool:
+    """A 0.5.23 field class (collected into ServerArgs): it declares `_NS_PATH`."""
+    for item in cls.body:
+        targets = item.targets if isinstance(item, ast.Assign) else [getattr(item, "target", None)]
+        if any(isinstance(t, ast.Name) and t.id == "_NS_PATH" for t in targets):
+            return True
+    return False
+
+
+def _add_annotated(parser: argparse.ArgumentParser, tree: ast.Module) -> None:
+    for options, name, meta in annotated_fields(tree):
+        kind = meta["__kind__"].value
+        if "action" in meta:
+            action, kwargs = _action(meta["action"])
+        elif kind == "bool":
+            action, kwargs = "store_true", {}
+        else:
+            action, kwargs = "store", {}
+            if kind == "list" and "type_parser" not in meta:
+                kwargs["nargs"] = _literal(meta["nargs"]) if "nargs" in meta else "+"
+            elif "nargs" in meta:
+                kwargs["nargs"] = _literal(meta["nargs"])
+        if "const" in meta and action not in ("store_true", "store_false"):
+            kwargs.setdefault("const", _literal(meta["const"]))
+        parser.add_argument(*options, action=action, dest=name, **kwargs)
+
+
 @functools.lru_cache(maxsize=4)
-def parser_from_source(source: str) -> argparse.ArgumentParser:
-    """The parser `ServerArgs.add_cli_args` builds, rebuilt from its source (see the module doc)."""
+def parser_from_source(source: str, field_sources: tuple[str, ...] = ()) -> argparse.ArgumentParser:
+    """The parser `ServerArgs.add_cli_args` builds, rebuilt from its source (see the module doc);
+    `field_sources`: the 0.5.23+ field modules, in file-name order."""
     parser = _Parser(prog=PARSER_PROG, argument_default=argparse.SUPPRESS)
-    for node in ast.walk(_add_cli_args(ast.parse(source))):
+    tree = ast.parse(source)
+    for extra in field_sources:
+        _add_annotated(parser, ast.parse(extra))
+    _add_annotated(parser, tree)
+    for node in ast.walk(_add_cli_args(tree)):
         if not (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
@@ -128,9 +230,14 @@ def load_parser(site: Path) -> argparse.ArgumentParser:
     path = site / SERVER_ARGS_FILE
     try:
         source = path.read_text(encoding="utf-8")
+        fields = tuple(
+            p.read_text(encoding="utf-8")
+            for p in sorted((site / FIELDS_DIR).glob("*.py"))
+            if p.name != "__init__.py"
+        )
     except OSError as exc:
         raise LaunchError(f"cannot read SGLang's argument parser {path}: {exc.strerror}") from None
-    return parser_from_source(source)
+    return parser_from_source(source, fields)
 
 
 def _option_like(arg: str) -> bool:

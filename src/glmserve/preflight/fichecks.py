@@ -222,11 +222,46 @@ def _getattr_of_self(n: ast.AST) -> str | None:
     return None
 
 
-def wrapper_read_problems(fi_dir: Path, wanted: set[str]) -> list[str]:
-    """One line per attribute in `wanted` that this FlashInfer's `run()` does not really read."""
+def registered_backends(fi_dir: Path) -> dict[str, str]:
+    """FlashInfer 0.7.x's `_BACKEND_TYPES` table: backend name -> class name ({} before 0.7)."""
+    for path in _sources(fi_dir):
+        try:
+            tree = ast.parse(path.read_bytes(), filename=str(path))
+        except (SyntaxError, ValueError):
+            continue
+        for node in tree.body:
+            target = node.target if isinstance(node, ast.AnnAssign) else None
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                target = node.targets[0]
+            value = getattr(node, "value", None)
+            named = isinstance(target, ast.Name) and target.id == "_BACKEND_TYPES"
+            if named and isinstance(value, ast.Dict):
+                return {
+                    k.value: v.id
+                    for k, v in zip(value.keys, value.values, strict=True)
+                    if isinstance(k, ast.Constant) and isinstance(v, ast.Name)
+                }
+    return {}
+
+
+def wrapper_read_problems(
+    fi_dir: Path, wanted: set[str], backends: set[str] | None = None
+) -> list[str]:
+    """One line per attribute in `wanted` that this FlashInfer's `run()` does not really read.
+
+    `backends`: the backend names the patched wrappers may plan with (None or "auto" among
+    them: any); where FlashInfer registers its backends by name (0.7.x), only those are held
+    to reading `wanted`."""
     if not wanted:
         return []
     pkg = _Package(fi_dir)
+    named = registered_backends(fi_dir)
+    allowed = None
+    if backends and "auto" not in backends and named:
+        unknown = sorted(b for b in backends if b not in named)
+        if unknown:
+            return [f"FlashInfer at {fi_dir}: no MLA backend named {unknown[0]!r}"]
+        allowed = {named[b] for b in backends}
     where = f"FlashInfer at {fi_dir}"
     if WRAPPER not in pkg.classes:
         return [f"{where}: {WRAPPER} not found in mla.py / mla/"]
@@ -245,7 +280,11 @@ def wrapper_read_problems(fi_dir: Path, wanted: set[str]) -> list[str]:
             )
             continue
         for meth, classes in sorted(handlers.items()):
-            blind = [c for c in classes if attr not in pkg.self_reads(c, meth)]
+            blind = [
+                c
+                for c in classes
+                if attr not in pkg.self_reads(c, meth) and (allowed is None or c in allowed)
+            ]
             if blind:
                 problems.append(
                     f"{where}: {WRAPPER}.run() hands over to the planned backend's {meth}(), "

@@ -10,7 +10,8 @@ Symbolic values are nested tuples (hashable, so two expressions with the same pr
 equal): ``("arg", "kv_indptr")`` is a parameter, ``("attr", base, "name")`` an attribute,
 ``("sub", base, index)`` a subscript, ``("call", func, args, kwargs)`` an opaque call result,
 ``("pool", ...)`` a `get_key_buffer(...)` result, ``("gather", pool, indices)`` the gather's
-output, ``("cast", source)`` a dtype cast of a pool-derived tensor, ``("ifexp", test, a, b)``
+output, ``("cast", source)`` a dtype cast of a pool-derived tensor, ``("stepcast", source)`` one
+of a per-step KV buffer (STEP_KV_BUFFERS), ``("ifexp", test, a, b)``
 a conditional not yet decided, ``("phi", alternatives)`` the values an inlined call may return.
 
 The environment switch is evaluated, not guessed: the analysis runs once with the gather on
@@ -34,6 +35,7 @@ Value = tuple
 GATHER = "gather"  # switch: the object from fp8_kv_gather's factory (None: the series switched off)
 NATIVE = "native"  # switch: the object from fp8_mla_decode's factory (None: gather decode)
 GATHER_CAST = "cast"
+GATHER_PAGES = "cast_pages"  # cast_pages(pool, page_table, cache_seqlens, page_size, dtype)
 GATHER_NOTE = "note_rows"
 NATIVE_FUNCTION = "mla_decode_fp8"
 NATIVE_PARAMS = ("q_nope", "q_pe", "kv_pool", "kv_indptr", "kv_indices", "sm_scale", "out")
@@ -41,6 +43,10 @@ NATIVE_NOTE = "note_plan"  # note_plan(wrapper, kv_indptr, sm_scale) after the w
 NATIVE_PLANNED = "planned"  # planned(wrapper) -> (kv_indptr, sm_scale) or None
 # KV pool methods returning one layer's whole buffer.
 POOL_GETTERS = frozenset({"get_key_buffer", "get_kv_buffer"})
+# Attributes holding a KV buffer built per step with only that step's rows (decode context
+# parallelism's all-gathered KV, SGLang 0.5.17+): converting it costs what a gather costs, so
+# upstream's cast of it stays (a "stepcast"), and the step's wrapper indexes it, not the pool.
+STEP_KV_BUFFERS = frozenset({"dcp_kv_buffer"})
 # Tensor methods that convert a whole tensor's dtype.
 CAST_METHODS = frozenset({"to", "type", "type_as", "bfloat16", "half", "float", "double"})
 # Tensor methods that return a view of the same storage (the data is unchanged).
@@ -48,16 +54,26 @@ VIEW_METHODS = frozenset(
     {"view", "reshape", "narrow", "select", "unflatten", "flatten", "squeeze", "unsqueeze",
      "permute", "transpose", "expand", "contiguous", "__getitem__"}
 )  # fmt: skip
+# Module-level functions returning a view of their first argument (SGLang 0.5.23's
+# mem_cache/layout/paged_view.py: `[slots, ...]` as `[pages, page_size, ...]` by as_strided).
+VIEW_FUNCTIONS = frozenset({"paged_view", "paged_row_view", "paged_kv_view"})
 # FlashInfer's module-level plan ABI, called as `wrapper._cached_module.plan(...)`:
 # (float_ws, int_ws, pinned_ws, qo_indptr_host, kv_indptr_host, kv_len_host, ...).
 MODULE_PLAN_INDPTR = 4
 # BatchMLAPagedAttentionWrapper.plan(qo_indptr, kv_indptr, kv_indices, kv_len_arr, ...).
 WRAPPER_PLAN_INDPTR = 1
+# FlashInfer's MLA wrapper class: its constructions are recorded as "wrapper" events (backend=).
+MLA_WRAPPER = "BatchMLAPagedAttentionWrapper"
+# FlashAttention's paged-KV entry point (flashattention_backend.py): recorded as "fa" events.
+FA_KERNELS = frozenset({"flash_attn_with_kvcache"})
 MAX_PATHS = 4096
 MAX_INLINE_DEPTH = 6
 
 # Event data that identifies an event (the rest is the path context it was recorded in).
-_KEYED = ("pool", "indices", "source", "wrapper", "indptr", "args", "kwargs", "method", "switch")
+_KEYED = (
+    "pool", "indices", "lens", "source", "wrapper", "indptr", "args", "kwargs", "method", "switch",
+    "backend",
+)  # fmt: skip
 
 
 class AnalysisLimit(Exception):
@@ -122,6 +138,8 @@ def render(v: Value) -> str:
         return f"<gather of {render(v[1])} at {render(v[2])}>"
     if kind == "cast":
         return f"<cast of {render(v[1])}>"
+    if kind == "stepcast":
+        return f"<cast of the step buffer {render(v[1])}>"
     if kind == "planned":
         return f"<what {render(v[1])} was planned with>"
     if kind == "func":
@@ -153,6 +171,8 @@ def strip_views(v: Value) -> Value:
             v = v[1]
         elif v[0] == "call" and v[1][0] == "attr" and v[1][2] in VIEW_METHODS:
             v = v[1][1]
+        elif v[0] == "call" and v[1][0] == "g" and v[1][1] in VIEW_FUNCTIONS and v[2]:
+            v = v[2][0]
         else:
             return v
 
@@ -171,6 +191,11 @@ def alternatives(v: Value, facts: dict[Value, bool]) -> list[Value]:
     if v[0] == "sub":
         return [("sub", b, v[2]) for b in alternatives(v[1], facts)]
     return [v]
+
+
+def step_buffer(v: Value) -> bool:
+    base = strip_views(v)
+    return base[0] == "attr" and base[2] in STEP_KV_BUFFERS
 
 
 def pool_derived(v: Value) -> bool:
@@ -307,13 +332,18 @@ class Interpreter:
         modes: dict[str, bool],
         env: dict[str, str],
         inline: bool,
+        join: bool = False,
     ) -> None:
         """`modes`: which switch objects exist (GATHER, NATIVE -> True/False); `env`: the value
-        each environment variable read by the file has in this configuration."""
+        each environment variable read by the file has in this configuration. `join`: merge
+        the paths after every statement (values that differ become a phi, only the facts all
+        paths share are kept): for functions far past MAX_PATHS, such as FlashAttention's
+        forward methods, at the price of pairing values of different paths."""
         self.m = module
         self.modes = modes
         self.env = env
         self.inline = inline
+        self.join = join
         self._stack: list[tuple[str | None, str]] = []
         self._call_text = ""  # source of the call being evaluated, for messages
 
@@ -351,6 +381,8 @@ class Interpreter:
                 nxt += live
                 returns += ret
             paths = nxt
+            if self.join and len(paths) > 1:
+                paths = [join_paths(paths)]
             if len(paths) > MAX_PATHS:
                 raise AnalysisLimit(f"{self.where} has more than {MAX_PATHS} paths")
             if not paths:
@@ -738,6 +770,12 @@ class Interpreter:
             bound.update({k: v for k, v in kwargs.items() if k in NATIVE_PARAMS})
             p = self._event(p, "native", line, args=bound)
             return p, ("native", line)
+        if func == ("g", MLA_WRAPPER):
+            p = self._event(p, "wrapper", line, backend=kwargs.get("backend", ("c", "auto")))
+            return p, ("call", func, tuple(args), tuple(sorted(kwargs.items())))
+        if func[0] == "g" and func[1] in FA_KERNELS:
+            p = self._event(p, "fa", line, args=tuple(args), kwargs=kwargs)
+            return p, ("call", func, tuple(args), tuple(sorted(kwargs.items())))
         if func[0] == "strmethod":
             s = func[1]
             return p, ("c", {"strip": s.strip, "lower": s.lower, "upper": s.upper}[func[2]]())
@@ -756,6 +794,9 @@ class Interpreter:
                 if not self.modes[switch]:
                     p = self._event(p, "off_call", line, method=meth, switch=switch)
                     return p, ("c", None)
+                if switch == GATHER and meth == GATHER_PAGES and len(args) >= 3:
+                    p = self._event(p, "gather", line, pool=args[0], indices=args[1], lens=args[2])
+                    return p, ("gather", args[0], args[1], args[2])
                 if switch == GATHER and meth == GATHER_CAST and len(args) >= 2:
                     p = self._event(p, "gather", line, pool=args[0], indices=args[1])
                     return p, ("gather", args[0], args[1])
@@ -769,6 +810,8 @@ class Interpreter:
                     return p, ("planned", args[0])
             if meth in POOL_GETTERS:
                 return p, ("pool", recv, meth, tuple(args))
+            if meth in CAST_METHODS and step_buffer(recv):
+                return p, ("stepcast", strip_views(recv))
             if meth in CAST_METHODS and pool_derived(recv):
                 return self._event(p, "cast", line, source=recv), ("cast", recv)
             if meth == "copy_" and args and pool_derived(args[0]):
@@ -867,6 +910,51 @@ class Interpreter:
         values = tuple(dict.fromkeys(v for _, v in inner.returns))
         result = values[0] if len(values) == 1 else ("phi", values)
         return replace(p, events=tuple(merged)), result
+
+
+def _phi(values: list[Value]) -> Value:
+    flat: list[Value] = []
+    for v in values:
+        flat += list(v[1]) if v[0] == "phi" else [v]
+    unique = tuple(dict.fromkeys(flat))
+    return unique[0] if len(unique) == 1 else ("phi", unique)
+
+
+def join_paths(paths: list[Path]) -> Path:
+    """One path standing for all of `paths`: each binding the phi of its values, the facts
+    they all share, every event of any (once), the highest write count of each value."""
+    env = {
+        k: _phi([q.env[k] for q in paths if k in q.env]) for k in dict.fromkeys(
+            k for q in paths for k in q.env
+        )
+    }  # fmt: skip
+    heap = {
+        k: _phi([q.heap[k] for q in paths if k in q.heap]) for k in dict.fromkeys(
+            k for q in paths for k in q.heap
+        )
+    }  # fmt: skip
+    first = paths[0]
+    facts = {k: v for k, v in first.facts.items() if all(q.facts.get(k) == v for q in paths)}
+    seen: set[tuple[str, int, str]] = set()
+    events: list[Event] = []
+    for q in paths:
+        for ev in q.events:
+            key = (ev.kind, ev.line, repr({k: v for k, v in ev.data.items() if k in _KEYED}))
+            if key not in seen:
+                seen.add(key)
+                events.append(ev)
+    versions: dict[Value, int] = {}
+    for q in paths:
+        for k, n in q.versions.items():
+            versions[k] = max(n, versions.get(k, 0))
+    return Path(
+        env=env,
+        facts=facts,
+        events=tuple(events),
+        versions=versions,
+        heap=heap,
+        fact_text={k: t for k, t in first.fact_text.items() if k in facts},
+    )
 
 
 def _all_params(fn: ast.FunctionDef) -> list[ast.arg]:

@@ -11,7 +11,8 @@ and the series off (FP8_GATHER 0).
 
   kv-source        the KV each `<wrapper>.run(...)` on a forward path reads is the gather's
                    output for THAT wrapper's own index buffer, converted from the same pool the
-                   upstream cast converts;
+                   upstream cast converts (or, where upstream converts a per-step KV buffer of
+                   only the step's rows, e.g. decode context parallelism's, that same cast);
   plan-rows        every plan site (method `.plan(...)`, an alias of it, or a plain-function
                    plan such as `fast_mla_decode_plan(wrapper, ...)`) is preceded, on every path
                    that reaches it, by `note_rows` of the very indptr value the plan uses,
@@ -25,6 +26,12 @@ and the series off (FP8_GATHER 0).
                    plan, of the device indptr whose row count was noted for it); every function
                    that records plans records every plan it makes; native decode is reachable;
   structure        what the rules need to find at all (the import, the class, a plan site).
+
+The report also says which FlashInfer MLA backends the wrappers may plan with, the series on
+(`BatchMLAPagedAttentionWrapper(..., backend=...)`): a constant names itself, the gather object's
+`wrapper_backend` the ones its module allows (WRAPPER_BACKENDS), anything else "auto". The
+preflight's FlashInfer check (fichecks.py) then only holds those backends to reading the
+gathered indices.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from dataclasses import dataclass, field
 from glmserve import switches
 from glmserve.preflight.flow import (
     GATHER,
+    MLA_WRAPPER,
     NATIVE,
     AnalysisLimit,
     Event,
@@ -64,6 +72,8 @@ NO_FULL_CAST = "no-full-cast"
 SWITCH = "switch-polarity"
 NATIVE_RULE = "native-decode"
 STRUCTURE = "structure"
+# What `<gather object>.wrapper_backend` may be (fp8_kv_gather.WRAPPER_BACKENDS, SGLang 0.5.23+).
+GATHER_WRAPPER_BACKENDS = frozenset({"fa2", "fa3"})
 
 
 @dataclass(frozen=True)
@@ -114,6 +124,8 @@ class Report:
     plan_sites: set[int] = field(default_factory=set)
     run_sites: set[int] = field(default_factory=set)
     native_sites: set[int] = field(default_factory=set)
+    # FlashInfer MLA backends the wrappers may plan with, the series on ("auto": any).
+    wrapper_backends: set[str] = field(default_factory=set)
 
     def add(self, line: int, rule: str, text: str) -> None:
         problem = Problem(line, rule, text)
@@ -147,6 +159,7 @@ def check_backend(tree: ast.Module) -> Report:
                 f"the backend imports {NATIVE_MODULE} but no forward path reaches its kernel "
                 f"with {ENV_MODE}=native",
             )
+        _wrapper_backends(module, on_configs[0], report)
         if report.native_sites and not recorded:
             report.add(
                 min(report.native_sites),
@@ -194,6 +207,7 @@ def _check_forward(
     off_paths = _paths(module, cls, fn, SERIES_OFF, inline=True)
     _off_calls(off_paths, SERIES_OFF, report)
     upstream_pools: dict[int, set[Value]] = {}
+    upstream_steps: dict[int, set[Value]] = {}
     for ev in _events(off_paths, "run"):
         report.run_sites.add(ev.line)
         for kv in _run_kv_args(ev):
@@ -201,6 +215,8 @@ def _check_forward(
                 src = strip_views(alt)
                 if src[0] == "cast":
                     upstream_pools.setdefault(ev.line, set()).add(strip_views(src[1]))
+                elif src[0] == "stepcast":
+                    upstream_steps.setdefault(ev.line, set()).add(src[1])
                 else:
                     report.add(
                         ev.line,
@@ -232,7 +248,10 @@ def _check_forward(
                 report.add(ev.line, KV_SOURCE, f"{entry}: cannot find the KV arguments of run()")
             for kv in kvs:
                 for alt in alternatives(kv, ev.data["facts"]):
-                    _check_run_kv(entry, ev, wrapper, strip_views(alt), upstream_pools, report)
+                    src = strip_views(alt)
+                    if src[0] == "stepcast" and src[1] in upstream_steps.get(ev.line, ()):
+                        continue  # upstream's own conversion of a step-sized buffer
+                    _check_run_kv(entry, ev, wrapper, src, upstream_pools, report)
         natives = _events(on_paths, "native")
         for ev in natives:
             report.native_sites.add(ev.line)
@@ -337,6 +356,35 @@ def _check_native(
                 f"{entry}: the native kernel reads the plan of {render(owner)}, but the step's "
                 f"run() uses {' / '.join(sorted(render(w) for w in run_wrappers))}",
             )
+
+
+def _wrapper_backends(module: Module, config: Config, report: Report) -> None:
+    """Which backends each MLA wrapper construction may name, with its helpers inlined."""
+    builders = [
+        (cls, fn)
+        for cls, fn in module.function_items()
+        if any(
+            isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == MLA_WRAPPER
+            for n in ast.walk(fn)
+        )
+    ]
+    for cls, fn in builders:
+        for ev in _events(_paths(module, cls, fn, config, inline=True), "wrapper"):
+            for alt in alternatives(ev.data["backend"], ev.data["facts"]):
+                if alt[0] == "c" and isinstance(alt[1], str):
+                    report.wrapper_backends.add(alt[1])
+                elif (
+                    alt[0] == "attr"
+                    and alt[2] == "wrapper_backend"
+                    and (
+                        module.switch_attrs.get(alt[1][2]) == GATHER
+                        if alt[1][0] == "attr"
+                        else False
+                    )
+                ):
+                    report.wrapper_backends |= GATHER_WRAPPER_BACKENDS
+                else:
+                    report.wrapper_backends.add("auto")
 
 
 def _resolve(v: Value, facts: dict[Value, bool]) -> Value:

@@ -18,6 +18,8 @@
 
 `--rules-only FILE` runs the backend rules alone on one `flashinfer_mla_backend.py` (no marker,
 no hashes): how a new series for another SGLang version is checked while it is being written.
+A `flashattention_backend.py` (the fa3 MLA path, patched from SGLang 0.5.17 on) gets its own rules
+(farules.py), both here and in the preflight wherever the marker lists that file.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from glmserve.preflight.farules import check_flashattention_backend, is_flashattention_backend
 from glmserve.preflight.fichecks import wrapper_read_problems
 from glmserve.preflight.flow import Module
 from glmserve.preflight.rules import (
@@ -42,9 +45,11 @@ from glmserve.series.detect import detect_version
 from glmserve.series.engine import interrupted, read_marker
 from glmserve.series.errors import PatchError
 from glmserve.series.lock import MARKER_REL, read_optional, sha256_optional
+from glmserve.sglang_lines import LineError, site_problems
 
 BACKEND_REL = "sglang/srt/layers/attention/flashinfer_mla_backend.py"
 BACKEND_NAME = "flashinfer_mla_backend.py"
+FA_BACKEND_REL = "sglang/srt/layers/attention/flashattention_backend.py"
 GATHER_REL = "sglang/srt/layers/attention/fp8_kv_gather.py"
 NATIVE_REL = "sglang/srt/layers/attention/fp8_mla_decode.py"
 MARKER_KEYS = ("series", "sglang_version", "lock_sha256", "patches", "files")
@@ -73,9 +78,13 @@ def preflight(
         return problems
     lines, report = backend_rule_problems(backend)
     problems += lines
+    if FA_BACKEND_REL in ((read_marker(site) or {}).get("files") or {}):
+        fa_tree = _parse(site / FA_BACKEND_REL, problems)
+        if fa_tree is not None:
+            problems += backend_rule_problems(fa_tree, Path(FA_BACKEND_REL).name)[0]
     fi_dir = flashinfer or _flashinfer_dir(site)
     if fi_dir is not None:
-        problems += wrapper_read_problems(fi_dir, report.wrapper_attrs)
+        problems += wrapper_read_problems(fi_dir, report.wrapper_attrs, report.wrapper_backends)
     if gather is not None:
         problems += _check_gather_module(site / GATHER_REL, gather, backend, import_gather)
     native_imported = Module(backend, GATHER_MODULE, NATIVE_MODULE).native_names
@@ -89,8 +98,12 @@ def preflight(
 def backend_rule_problems(
     tree: ast.Module, filename: str = BACKEND_NAME
 ) -> tuple[list[str], Report]:
-    """The data-flow rules (rules.py) on one parsed backend file, as printable lines."""
-    report = check_backend(tree)
+    """The data-flow rules on one parsed backend file, as printable lines: rules.py for the
+    flashinfer MLA backend, farules.py for FlashAttention's."""
+    if is_flashattention_backend(tree):
+        report = check_flashattention_backend(tree)
+    else:
+        report = check_backend(tree)
     return [p.render(filename) for p in report.problems], report
 
 
@@ -296,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         "--rules-only",
         type=Path,
         metavar="FILE",
-        help="run only the backend rules on this flashinfer_mla_backend.py (no marker, no hashes)",
+        help="run only the backend rules on this flashinfer_mla_backend.py or "
+        "flashattention_backend.py (no marker, no hashes)",
     )
     parser.add_argument(
         "--no-import",
@@ -304,6 +318,12 @@ def main(argv: list[str] | None = None) -> int:
         help="do not execute the gather module (for environments without torch/Triton)",
     )
     parser.add_argument("--expect-version", help="fail unless this SGLang version is installed")
+    parser.add_argument(
+        "--expect-line",
+        metavar="LINE",
+        help="fail unless the base holds that SGLang line and its pins (torch, FlashInfer, "
+        "sglang-kernel: glmserve.sglang_lines; with --no-import, a base without them passes)",
+    )
     parser.add_argument("--expect-series", help="fail unless the marker names this series")
     parser.add_argument("--expect-lock", help="fail unless the marker records this lock sha256")
     parser.add_argument(
@@ -323,6 +343,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{prog}: FAIL: {line}", file=sys.stderr)
         if problems or report is None:
             return 1
+        if not report.plan_sites:  # FlashAttention: calls, no plans
+            print(
+                f"{prog}: ok: {args.rules_only.name} passes the FlashAttention MLA rules "
+                f"(gathered call sites {len(report.run_sites)})"
+            )
+            return 0
         print(
             f"{prog}: ok: {args.rules_only.name} passes the backend rules "
             f"(run sites {len(report.run_sites)}, plan sites {len(report.plan_sites)}, "
@@ -338,6 +364,24 @@ def main(argv: list[str] | None = None) -> int:
         series=args.expect_series,
         lock_sha256=args.expect_lock,
     ) + preflight(args.target, import_gather=not args.no_import)
+    if args.expect_line:
+        try:
+            try:
+                installed = detect_version(args.target)
+            except PatchError:
+                installed = None  # site_problems says what the base holds instead
+            problems = (
+                site_problems(
+                    args.target,
+                    args.expect_line,
+                    gpu_stack_required=not args.no_import,
+                    installed_sglang=installed,
+                )
+                + problems
+            )
+        except LineError as exc:
+            print(f"{prog}: error: {exc}", file=sys.stderr)
+            return 2
     if args.expect_cuda:
         problems += cuda_build_problems(
             args.target, args.expect_cuda, torch_required=not args.no_import

@@ -61,6 +61,33 @@ NATIVE_ERR_RATIO = 1.5
 NATIVE_ERR_FLOOR = 5e-3
 
 
+# The SGLang source series whose flashinfer_mla_backend API (0.5.9 - 0.5.12.post1: the capture /
+# replay entry points, the module-level workspace, forward_batch.token_to_kv_pool) this harness
+# drives. Later lines reorganised that API (0.5.17: init_forward_metadata_out_graph, runtime
+# context, DCP); the harness is not ported to them yet, so the self-test refuses there in one
+# line instead of crashing on a missing attribute.
+CLASS_CHECK_SERIES = ("0.5.12.post1",)
+
+
+def unported_line(backend_path: Path) -> str | None:
+    """Why the class checks cannot run on the SGLang the backend file belongs to (None: they
+    can), read from the marker beside it: the source series the tree was patched with."""
+    import json
+
+    site = backend_path.resolve().parents[4]
+    try:
+        series = json.loads((site / "sglang" / ".glmserve-patch.json").read_text())["series"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # no marker: the checks themselves will say what is wrong
+    if series in CLASS_CHECK_SERIES:
+        return None
+    return (
+        f"the class checks drive the flashinfer MLA backend API of series "
+        f"{', '.join(CLASS_CHECK_SERIES)}; this tree is patched with series {series}, whose "
+        "backend API they are not ported to yet"
+    )
+
+
 class WiringFailure(AssertionError):
     """The patched class's output differs from the upstream cast's (or is not finite)."""
 

@@ -410,6 +410,10 @@ def _native_verdict(
     return "passed: " + "; ".join(lines)
 
 
+class LineNotPorted(Exception):
+    """The class checks do not drive this SGLang line's backend API (classcheck.unported_line)."""
+
+
 def _child(
     module_path: str | None,
     seed: int,
@@ -439,6 +443,12 @@ def _child(
 
         from glmserve.selftest import classcheck
 
+        unported = classcheck.unported_line(Path(backend_path) if backend_path else path)
+        if unported is not None:
+            raise LineNotPorted(
+                f"{unported} (serving without them needs GLMSERVE_SKIP_SELFTEST=1; the GPU "
+                "proof of that line is bench/device_run.sh lines)"
+            )
         device = torch.device("cuda")
         heads = 16
         attention = _flashinfer_attention(torch, flashinfer, device, heads)
@@ -506,6 +516,8 @@ def _child(
         if native_mode and native.startswith("passed"):
             timing = _time_paths(torch, flashinfer, kernel, path, device, seed)
         report = SelfTestReport("passed", detail, native, timing)
+    except LineNotPorted as exc:
+        report = SelfTestReport("failed", f"self-test cannot prove this SGLang line: {exc}")
     except SelfTestFailure as exc:
         report = SelfTestReport("failed", f"patched FP8 KV gather is WRONG: {exc}")
     except AssertionError as exc:  # classcheck.WiringFailure: the class's wiring is wrong

@@ -12,6 +12,13 @@ current series applied by the real apply tool into `b/`, so `b/` is byte for byt
 so every machine writes the same bytes) under the old patch's preamble, after checking that the
 strict applier turns `a/` into exactly `b/` with it. With no edit, `diff` reproduces the committed
 patch byte for byte (tested), so the diff in `patches/` is provably the diff of real files.
+
+    python -m glmserve.series.workspace open DIR --new X.Y.Z --from SOURCE [--add-file PATH]
+
+starts a source series for a newer release: `a/` and `b/` hold that release's pristine files (every
+file SOURCE touches, plus each `--add-file`), and `b/` also gets SOURCE's new modules as they
+ship; `diff` then writes `patches/X.Y.Z/`'s first patch under SOURCE's preamble (edit its text in
+the patch file). `--add-file` on an existing series brings one more target file into the area.
 """
 
 from __future__ import annotations
@@ -55,21 +62,65 @@ def open_workspace(
     cache_dir: Path | None = None,
     *,
     download: bool = True,
+    new_from: str | None = None,
+    add_files: tuple[str, ...] = (),
 ) -> Path:
-    """Create `workdir` with a/ (pristine) and b/ (series applied); refuses a non-empty one."""
+    """Create `workdir` with a/ (pristine) and b/ (series applied); refuses a non-empty one.
+
+    `new_from`: start the new source series `source` from that source's edits (see the module
+    text); `add_files`: more pristine files (paths under site-packages) in both a/ and b/."""
     if workdir.exists() and any(workdir.iterdir()):
         raise PatchError(f"{workdir} exists and is not empty; pick a new directory")
+    if new_from is not None:
+        return _open_new(workdir, patches_dir, source, new_from, cache_dir, download, add_files)
     series = load_series(patches_dir, source)
     if series.source != source:
         raise PatchError(f"{source} is not a source series (it uses {series.source})")
     wheel = fetch_wheel(source, cache_dir or default_cache_dir(), download=download)
     existing = sorted(p for p, h in series.files.items() if h.before is not None)
+    extra = sorted(set(add_files) - set(series.files))
     for side in ("a", "b"):
-        extract_site(wheel, workdir / side, existing)
+        extract_site(wheel, workdir / side, [*existing, *extra])
     apply(workdir / "b", patches_dir)
     (workdir / "b" / MARKER_REL).unlink()  # apply's bookkeeping, not part of the diff
     _drop_bytecode(workdir)
     state = {"source": source, "patches": [name for name, _ in series.patches]}
+    (workdir / STATE_NAME).write_text(json.dumps(state, indent=2) + "\n")
+    return workdir
+
+
+def _open_new(
+    workdir: Path,
+    patches_dir: Path,
+    source: str,
+    new_from: str,
+    cache_dir: Path | None,
+    download: bool,
+    add_files: tuple[str, ...],
+) -> Path:
+    """a/ and b/ from the `source` wheel, b/ with `new_from`'s new modules, for a new series."""
+    if (patches_dir / source).is_dir() and any((patches_dir / source).glob("*.patch")):
+        raise PatchError(f"series {source} already exists; open it without --new")
+    base = load_series(patches_dir, new_from)
+    if base.source != new_from:
+        raise PatchError(f"{new_from} is not a source series (it uses {base.source})")
+    wheel = fetch_wheel(source, cache_dir or default_cache_dir(), download=download)
+    existing = sorted(p for p, h in base.files.items() if h.before is not None)
+    for side in ("a", "b"):
+        extract_site(wheel, workdir / side, sorted({*existing, *add_files}))
+    for path, steps in sorted(base.file_patches().items()):
+        if base.files[path].before is not None:
+            continue  # a file of the release itself: its edits are ported by hand in b/
+        content = None
+        for name, fp in steps:
+            content = apply_file_patch(content, fp, f"{new_from}/{name}")
+        if content is not None:
+            (workdir / "b" / path).parent.mkdir(parents=True, exist_ok=True)
+            (workdir / "b" / path).write_bytes(content)
+    names = [name for name, _ in base.patches]
+    if len(names) != 1:
+        raise PatchError(f"series {new_from} has {len(names)} patches; start from a one-patch one")
+    state = {"source": source, "patches": names, "preamble_from": new_from}
     (workdir / STATE_NAME).write_text(json.dumps(state, indent=2) + "\n")
     return workdir
 
@@ -104,7 +155,8 @@ def workspace_diff(workdir: Path, patches_dir: Path) -> tuple[Path, bool]:
     try:
         state = json.loads((workdir / STATE_NAME).read_text())
         source, names = str(state["source"]), list(state["patches"])
-    except (OSError, ValueError, KeyError, TypeError):
+        preamble_from = state.get("preamble_from")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         raise PatchError(f"{workdir} is not a work area made by `open`") from None
     if len(names) != 1:
         raise PatchError(
@@ -113,12 +165,16 @@ def workspace_diff(workdir: Path, patches_dir: Path) -> tuple[Path, bool]:
         )
     target = patches_dir / source / names[0]
     old = read_optional(target)
-    if old is None:
+    # A new series' first diff borrows its preamble from the series it started from.
+    template = (
+        old if old is not None else read_optional(patches_dir / str(preamble_from) / names[0])
+    )
+    if template is None:
         raise PatchError(f"{target} does not exist")
     body = _git_diff(workdir)
     if not body:
         raise PatchError(f"a/ and b/ in {workdir} are identical: the patch would be empty")
-    new = old[: old.index(DIFF_START)] if DIFF_START in old else b""
+    new = template[: template.index(DIFF_START)] if DIFF_START in template else b""
     new += body
     # The strict applier must turn every a/ file into its b/ file with exactly these bytes.
     for fp in parse_patch(new, target.name):
@@ -128,6 +184,7 @@ def workspace_diff(workdir: Path, patches_dir: Path) -> tuple[Path, bool]:
             raise PatchError(f"{fp.path}: the diff does not reproduce b/ (report this)")
     changed = new != old
     if changed:
+        target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(new)
     return target, changed
 
@@ -141,6 +198,24 @@ def main(argv: list[str] | None = None) -> int:
     op.add_argument("--series", default=None, help="source series (default: the only one)")
     op.add_argument("--wheels", type=Path, default=None, help="wheel cache (.cache/wheels)")
     op.add_argument("--offline", action="store_true", help="never download the wheel")
+    op.add_argument(
+        "--new", metavar="VERSION", default=None, help="start a new source series for VERSION"
+    )
+    op.add_argument(
+        "--from",
+        dest="new_from",
+        metavar="SOURCE",
+        default=None,
+        help="with --new: the source series whose edits are ported (its new modules go into b/)",
+    )
+    op.add_argument(
+        "--add-file",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="one more pristine file into a/ and b/ (a path under site-packages, e.g. "
+        "sglang/srt/layers/attention/flashattention_backend.py); repeatable",
+    )
     df = sub.add_parser("diff", help="write git diff a/ b/ into the source series' patch")
     df.add_argument("dir", type=Path)
     for p in (op, df):
@@ -152,8 +227,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if args.command == "open":
-            source = args.series or _only_source(patches_dir)
-            open_workspace(args.dir, patches_dir, source, args.wheels, download=not args.offline)
+            if (args.new is None) != (args.new_from is None):
+                raise PatchError("--new and --from go together")
+            source = args.new or args.series or _only_source(patches_dir)
+            open_workspace(
+                args.dir,
+                patches_dir,
+                source,
+                args.wheels,
+                download=not args.offline,
+                new_from=args.new_from,
+                add_files=tuple(args.add_file),
+            )
             print(f"{prog}: {args.dir}/a pristine SGLang {source}, {args.dir}/b patched; edit b/")
         else:
             target, changed = workspace_diff(args.dir, patches_dir)

@@ -94,7 +94,9 @@ def profile_facts(
         extra = parse_extra_env(environ.get(EXTRA_ARGS_ENV))
     except LaunchError as exc:
         raise SmokeError(str(exc)) from None
-    return uses_patched_path([*profile.args, *extra]), profile.model.default_path
+    return uses_patched_path(
+        [*profile.args, *extra], profile.sglang_version
+    ), profile.model.default_path
 
 
 def port_in_use(port: int) -> bool:
