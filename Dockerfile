@@ -17,14 +17,14 @@
 
 # CPython 3.11 on Debian bookworm, multi-arch index digest.
 ARG TOOLS_BASE_IMAGE=python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
-# The SGLang line: the build argument that picks the series and the labels, checked against the
-# base below. Its official image: the default line's by digest (its version, CUDA and pins live in
-# glmserve.sglang_lines, which tests/test_sglang_lines.py checks these defaults against). The full
-# (devel) variant, not -runtime: FlashInfer JIT-compiles the MLA kernels with nvcc at first start.
-# Another line: `python -m glmserve.sglang_lines build-args LINE >> .env` writes SGLANG_LINE and
-# its BASE_IMAGE (compose passes both); a base of another line fails the build in one line.
+# The SGLang line: the one build argument that picks the base, the series and the labels (its
+# version, CUDA and pins live in glmserve.sglang_lines, which tests/test_sglang_lines.py checks
+# these defaults against). Its official image by version tag, CUDA 13.0, the full (devel) variant,
+# not -runtime: FlashInfer JIT-compiles the MLA kernels with nvcc at first start. The build checks
+# what the base holds against the line's pins; to pin it by digest as well, set BASE_IMAGE to what
+# `python -m glmserve.sglang_lines build-args LINE` prints (the digest where the table knows it).
 ARG SGLANG_LINE=0.5.12.post1
-ARG BASE_IMAGE=lmsysorg/sglang:v0.5.12.post1-cu130@sha256:ceaf8b16e02d165143633ac228bbb994a05fe77d7e0526cf035ae4bbf4eacc36
+ARG BASE_IMAGE=lmsysorg/sglang:v${SGLANG_LINE}-cu130
 
 # --------------------------------------------------------------------------------------------
 FROM ${TOOLS_BASE_IMAGE} AS tools-build

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The device overlay of an SGLang line other than 0.5.12.post1 (whose recipe is
+# The device overlay of an SGLang line other than the default one (whose recipe is
 # ../shared/tools/sglang-device-bundle.sh): a PYTHONPATH overlay for the lent H200's python3
 # (3.12, torch 2.11.0+cu130, triton 3.6.0, CUDA 13), from the pins in bench/overlay-pins/LINE.txt.
 #
 #   usage: bench/overlay.sh LINE SITE_DIR      (bench/bundle.sh --line LINE calls it)
 #
-# Same steps as the 0.5.12.post1 recipe: download every pinned wheel for CPython 3.12, install
+# Same steps as the default line's recipe: download every pinned wheel for CPython 3.12, install
 # them with --no-deps into SITE_DIR, unpack sglang-kernel without what this proof does not load
 # or what cannot fit the 64 MiB carry (FlashAttention 3's flash_ops, 1.1 GB: bench/fa3_kernels.sh
 # carries it in parts; the sm100/ kernels; FlashMLA; InfLLM; the CUDA headers), then trim

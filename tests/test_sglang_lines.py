@@ -51,7 +51,8 @@ VERSION = re.compile(r"(?<![=\d.])0\.5\.\d+(?:\.post\d+)?(?!\d)")
 
 
 def test_the_dockerfile_builds_the_pinned_line_by_default() -> None:
-    assert dockerfile_arg("BASE_IMAGE") == PINNED.base_image
+    assert dockerfile_arg("BASE_IMAGE") == "lmsysorg/sglang:v${SGLANG_LINE}-cu130"
+    assert PINNED.image == f"lmsysorg/sglang:v{PINNED.version}-cu130"
     assert dockerfile_arg("SGLANG_LINE") == PINNED.version == PINNED.series
     assert dockerfile_arg("EXPECT_CUDA") == PINNED.cuda_major
     assert dockerfile_arg("GLMSERVE_VERSION") == glmserve.__version__

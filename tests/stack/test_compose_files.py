@@ -348,15 +348,15 @@ def test_json_extra_args_survive_the_env_file(tmp_path: Path) -> None:
 
 
 def test_dockerfile_bases_are_pinned() -> None:
-    """The tools base by digest; the server base by default the default line's official image by
-    digest, another line's by its version tag (glmserve.sglang_lines build-args), which the build
-    holds to that line's pins (--expect-line)."""
+    """The tools base by digest; the server base is the official image of the one build argument
+    SGLANG_LINE by version tag, which the build holds to that line's pins (glmserve.sglang_lines,
+    --expect-line); the table keeps the digest where it is known (0.5.12.post1)."""
     from glmserve.sglang_lines import DEFAULT_LINE, LINES
 
     tools = dockerfile_arg("TOOLS_BASE_IMAGE")
     assert "@sha256:" in tools and ":latest" not in tools
     assert dockerfile_arg("SGLANG_LINE") == DEFAULT_LINE
-    assert dockerfile_arg("BASE_IMAGE") == LINES[DEFAULT_LINE].base_image
+    assert dockerfile_arg("BASE_IMAGE") == "lmsysorg/sglang:v${SGLANG_LINE}-cu130"
     for line in LINES.values():
         assert line.image == f"lmsysorg/sglang:v{line.version}-cu130", line
     assert LINES[DEFAULT_LINE].base_image.endswith(

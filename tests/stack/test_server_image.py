@@ -99,11 +99,11 @@ def test_a_base_of_another_line_fails_the_check_in_one_line(line_image: tuple[st
     line, image = line_image
     other = "0.5.17" if line == "0.5.12.post1" else "0.5.12.post1"
     site = sglang_site(image)
-    argv = ["-m", "glmserve.preflight.verify", "--target", site, "--no-import", "--expect-line"]
+    argv = ["-m", "glmserve.preflight", "--target", site, "--no-import", "--expect-line"]
     proc = docker_run(image, *argv, other, entrypoint="python3")
     assert proc.returncode == 1
     assert [ln for ln in proc.stderr.splitlines() if "the base holds SGLang" in ln] == [
-        f"python -m glmserve.preflight.verify: FAIL: the base holds SGLang {line}, the line is "
+        f"python -m glmserve.preflight: FAIL: the base holds SGLang {line}, the line is "
         f"{other}: build SGLANG_LINE={other} on lmsysorg/sglang:v{other}-cu130"
         + (
             "@sha256:ceaf8b16e02d165143633ac228bbb994a05fe77d7e0526cf035ae4bbf4eacc36"
