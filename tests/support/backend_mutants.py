@@ -430,3 +430,41 @@ def mutate(source: str, mutant: Mutant) -> str:
             raise AssertionError(f"mutant {mutant.name!r}: {old[:60]!r} occurs {count} times")
         source = source.replace(old, new)
     return source
+
+
+# The observable wrong wirings on 0.5.17's patched backend (the class-check tests): the same
+# mistakes, spelled where that line moved the code (the pool read from `self.token_to_kv_pool`,
+# `_mla_kv_for_wrapper` without the forward batch). Spellings 0.5.17 kept are taken from WRONG.
+_LINE_0_5_17 = {
+    "extend gathers with the decode wrapper's indices": (
+        "                k_buf = self._mla_kv_for_wrapper(layer, q.dtype, prefill_wrapper_paged)\n",
+        "                k_buf = self._mla_kv_for_wrapper(layer, q.dtype, self.decode_wrapper)\n",
+    ),
+    "decode gathers with the eager wrapper, runs the step's (CUDA-graph) wrapper": (
+        "        k_buffer = self._mla_kv_for_wrapper(layer, q.dtype, decode_wrapper)\n",
+        "        k_buffer = self._mla_kv_for_wrapper(layer, q.dtype, self.decode_wrapper)\n",
+    ),
+    "the gather converts another pool than upstream does": (
+        GATHER_RETURN,
+        GATHER_RETURN.replace("cast(pool,", "cast(self.token_to_kv_pool.get_key_buffer(0),"),
+    ),
+    "the native kernel reads another layer's pool": (
+        "                self.token_to_kv_pool.get_key_buffer(layer.layer_id),\n",
+        "                self.token_to_kv_pool.get_key_buffer(0),\n",
+    ),
+}
+assert set(_LINE_0_5_17) <= set(OBSERVABLE)
+
+
+def observable(line: str) -> list[Mutant]:
+    """The OBSERVABLE wrong wirings, in OBSERVABLE's order, spelled for the patched backend of
+    SGLang source series `line` (0.5.12.post1 or 0.5.17)."""
+    by_name = {m.name: m for m in WRONG}
+    if line == "0.5.12.post1":
+        return [by_name[name] for name in OBSERVABLE]
+    if line != "0.5.17":
+        raise ValueError(f"no observable mutants for series {line}")
+    return [
+        one(name, *_LINE_0_5_17[name]) if name in _LINE_0_5_17 else by_name[name]
+        for name in OBSERVABLE
+    ]

@@ -17,6 +17,12 @@ modules in place of its imports, just while it loads:
   * `fp8_kv_gather`, `fp8_mla_decode`: the REAL patched modules, their kernels under
     TRITON_INTERPRET=1 (native decode's "not a CUDA device" refusal is waived, nothing else).
   * `AttentionBackend`: the real base class file from the wheel, when given.
+  * 0.5.17's runtime context (`get_parallel`, `get_buffer`, ...) and the decode-context-parallel
+    helpers the backend calls on every plan (`update_local_kv_lens_for_dcp`, its metadata
+    class): the REAL files from that line's wheel (RUNTIME_RELS), when a site holding them is
+    given; the unified-memory hooks as the static pool (no v2p table), the captured-prefill
+    probes as "not capturing", and the DCP planner and EAGLE draft helpers (never reached at
+    one rank without drafts) refuse if called.
 
 The backend's hard-coded `device="cuda"` allocations become CPU tensors (CpuForCuda).
 """
@@ -44,6 +50,11 @@ BACKEND_REL = "sglang/srt/layers/attention/flashinfer_mla_backend.py"
 GATHER_REL = "sglang/srt/layers/attention/fp8_kv_gather.py"
 NATIVE_REL = "sglang/srt/layers/attention/fp8_mla_decode.py"
 BASE_REL = "sglang/srt/layers/attention/base_attn_backend.py"
+# 0.5.17: the pure-Python modules of the runtime context and DCP the backend runs through.
+RUNTIME_REL = "sglang/srt/runtime_context.py"
+DCP_LAYOUT_REL = "sglang/srt/layers/dcp/layout.py"
+DCP_METADATA_REL = "sglang/srt/layers/dcp/metadata.py"
+RUNTIME_RELS = (RUNTIME_REL, DCP_LAYOUT_REL, DCP_METADATA_REL)
 
 
 class CpuForCuda(TorchFunctionMode):
@@ -227,8 +238,93 @@ class _Env:
         return self.value
 
 
+class _UnreachedModule(types.ModuleType):
+    """A module whose every function refuses: what the harness overrides but SGLang still names
+    (0.5.17's `get_parallel()` evaluates its canonical getter before it reads the override)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _unreached(f"{self.__name__}.{name}")
+
+
+@contextlib.contextmanager
+def _running(runtime: bool) -> Iterator[None]:
+    """Around the whole run: `device="cuda"` allocations on the CPU and, for 0.5.17, the
+    parallel-state module the runtime context imports lazily, on every topology read."""
+    late = {}
+    if runtime:
+        late = {name: types.ModuleType(name) for name in ("sglang", "sglang.srt")}
+        late["sglang.srt.distributed"] = types.ModuleType("sglang.srt.distributed")
+        for package in late.values():
+            package.__path__ = []  # a package, so its submodule resolves
+        state = "sglang.srt.distributed.parallel_state"
+        late[state] = _UnreachedModule(state)
+    with CpuForCuda(), _installed(late):
+        yield
+
+
+def _unreached(name: str) -> Any:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError(f"{name} is not reached at one rank without drafts")
+
+    return refuse
+
+
+def _runtime_modules(runtime_site: Path, mod: Any) -> dict[str, types.ModuleType]:
+    """0.5.17's runtime context and DCP helpers: the real files, their few imports stood in."""
+    found: dict[str, types.ModuleType] = {}
+    found["sglang.srt.runtime_context"] = _load(
+        "sglang.srt.runtime_context", runtime_site / RUNTIME_REL
+    )
+    with _installed(found):
+        layout = _load("sglang.srt.layers.dcp.layout", runtime_site / DCP_LAYOUT_REL)
+    metadata = _load("sglang.srt.layers.dcp.metadata", runtime_site / DCP_METADATA_REL)
+    static_pool = types.SimpleNamespace(
+        v2p_page_table=None, translate_kv_loc_dense=None, kernel_page_multiplier=1, enabled=False
+    )
+    found.update({
+        "sglang.srt.layers.dcp": mod(
+            "sglang.srt.layers.dcp",
+            DecodeContextParallelMetadata=metadata.DecodeContextParallelMetadata,
+            update_local_kv_lens_for_dcp=layout.update_local_kv_lens_for_dcp,
+        ),
+        "sglang.srt.layers.dcp.planner": mod(
+            "x", plan_dcp_decode_metadata=_unreached("plan_dcp_decode_metadata")
+        ),
+        "sglang.srt.layers.attention.unified_mem_hooks": mod(
+            "x", unified_mla_hooks=lambda allocator: static_pool
+        ),
+        "sglang.kernels": mod("sglang.kernels"),
+        "sglang.kernels.ops": mod("sglang.kernels.ops"),
+        "sglang.kernels.ops.attention": mod("sglang.kernels.ops.attention"),
+        "sglang.kernels.ops.attention.utils": mod(
+            "x", assert_buffer_fits=_unreached("assert_buffer_fits")
+        ),
+        "sglang.srt.model_executor.runner_backend_utils": mod(
+            "sglang.srt.model_executor.runner_backend_utils"
+        ),
+        "sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph": mod(
+            "x", is_in_breakable_cuda_graph=lambda: False
+        ),
+        "sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph": mod(
+            "x", is_in_tc_piecewise_cuda_graph=lambda: False
+        ),
+        "sglang.srt.speculative.spec_utils": mod(
+            "x",
+            draft_kv_indices_buffer_width=_unreached("draft_kv_indices_buffer_width"),
+            draft_kv_indices_used_len=_unreached("draft_kv_indices_used_len"),
+            generate_draft_decode_kv_indices=_unreached("generate_draft_decode_kv_indices"),
+        ),
+    })  # fmt: skip
+    return found
+
+
 def _modules(
-    gather: types.ModuleType, native: types.ModuleType | None, base: Path | None
+    gather: types.ModuleType,
+    native: types.ModuleType | None,
+    base: Path | None,
+    runtime_site: Path | None = None,
 ) -> dict[str, types.ModuleType]:
     def mod(name: str, **attrs: Any) -> types.ModuleType:
         m = types.ModuleType(name)
@@ -237,7 +333,9 @@ def _modules(
         return m
 
     envs = types.SimpleNamespace(
-        SGLANG_ENABLE_TORCH_COMPILE=_Env(False), SGLANG_FLASHINFER_WORKSPACE_SIZE=_Env(1 << 20)
+        SGLANG_ENABLE_TORCH_COMPILE=_Env(False),
+        SGLANG_FLASHINFER_WORKSPACE_SIZE=_Env(1 << 20),
+        SGLANG_ROLE_NAMESPACES=_Env("off"),  # 0.5.17's runtime context reads it at import
     )
     found = {
         "sglang": mod("sglang"),
@@ -272,6 +370,9 @@ def _modules(
     }  # fmt: skip
     if native is not None:
         found[NATIVE_MODULE] = native
+    if runtime_site is not None:
+        with _installed(found):  # the runtime context reads `envs` at import
+            found.update(_runtime_modules(runtime_site, mod))
     attention_base = mod("x", AttentionBackend=type("AttentionBackend", (), {}))
     if base is not None:
         # The real base class, its two imports stood in for.
@@ -323,13 +424,19 @@ def _native_on_cpu(path: Path) -> types.ModuleType:
     return native
 
 
-def cpu_parts(backend_file: Path, gather_file: Path, base_file: Path | None = None) -> Parts:
+def cpu_parts(
+    backend_file: Path,
+    gather_file: Path,
+    base_file: Path | None = None,
+    runtime_site: Path | None = None,
+) -> Parts:
     """The harness's Parts for a backend file and gather file (both real, patched) on the CPU;
-    the native decode module beside the gather file is loaded too when the series has it."""
+    the native decode module beside the gather file is loaded too when the series has it, and
+    0.5.17's runtime context and DCP helpers from `runtime_site` (a tree holding RUNTIME_RELS)."""
     gather = load_kernel_module(gather_file)
     native_file = gather_file.with_name(Path(NATIVE_REL).name)
     native = _native_on_cpu(native_file) if native_file.is_file() else None
-    with _installed(_modules(gather, native, base_file)):
+    with _installed(_modules(gather, native, base_file, runtime_site)):
         backend = _load(f"_cpu_{BACKEND_MODULE.rsplit('.', 1)[1]}", backend_file)
     return Parts(
         backend=backend,
@@ -338,5 +445,5 @@ def cpu_parts(backend_file: Path, gather_file: Path, base_file: Path | None = No
         device=torch.device("cpu"),
         real_graphs=False,
         flashinfer_backends=("auto",),
-        context=CpuForCuda,
+        context=lambda: _running(runtime_site is not None),
     )

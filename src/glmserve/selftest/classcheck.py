@@ -61,26 +61,34 @@ NATIVE_ERR_RATIO = 1.5
 NATIVE_ERR_FLOOR = 5e-3
 
 
-# The SGLang source series whose flashinfer_mla_backend API (0.5.9 - 0.5.12.post1: the capture /
-# replay entry points, the module-level workspace, forward_batch.token_to_kv_pool) this harness
-# drives. Later lines reorganised that API (0.5.17: init_forward_metadata_out_graph, runtime
-# context, DCP); the harness is not ported to them yet, so the self-test refuses there in one
-# line instead of crashing on a missing attribute.
-CLASS_CHECK_SERIES = ("0.5.12.post1",)
+# The SGLang source series whose flashinfer_mla_backend API this harness drives (one BackendApi
+# each, below): 0.5.12.post1's (0.5.9 - 0.5.12.post1: capture / replay entry points, server args,
+# forward_batch.token_to_kv_pool) and 0.5.17's (runtime context, init_forward_metadata_out_graph,
+# the pools on the model runner, decode context parallelism held at one rank). 0.5.23 is not
+# driven (it cannot run on the lab GPU), so the self-test refuses there in one line instead of
+# crashing on a missing attribute.
+CLASS_CHECK_SERIES = ("0.5.12.post1", "0.5.17")
 
 
-def unported_line(backend_path: Path) -> str | None:
-    """Why the class checks cannot run on the SGLang the backend file belongs to (None: they
-    can), read from the marker beside it: the source series the tree was patched with."""
+def patched_series(backend_path: Path) -> str | None:
+    """The source series the tree holding this backend file was patched with, read from the
+    marker the apply tool leaves (None: no readable marker)."""
     import json
 
     site = backend_path.resolve().parents[4]
     try:
         series = json.loads((site / "sglang" / ".glmserve-patch.json").read_text())["series"]
     except (OSError, ValueError, KeyError, TypeError):
-        return None  # no marker: the checks themselves will say what is wrong
-    if series in CLASS_CHECK_SERIES:
         return None
+    return str(series)
+
+
+def unported_line(backend_path: Path) -> str | None:
+    """Why the class checks cannot run on the SGLang the backend file belongs to (None: they
+    can), read from the marker beside it: the source series the tree was patched with."""
+    series = patched_series(backend_path)
+    if series is None or series in CLASS_CHECK_SERIES:
+        return None  # no marker: the checks themselves will say what is wrong
     return (
         f"the class checks drive the flashinfer MLA backend API of series "
         f"{', '.join(CLASS_CHECK_SERIES)}; this tree is patched with series {series}, whose "
@@ -90,6 +98,81 @@ def unported_line(backend_path: Path) -> str | None:
 
 class WiringFailure(AssertionError):
     """The patched class's output differs from the upstream cast's (or is not finite)."""
+
+
+class BackendApi:
+    """SGLang 0.5.9 - 0.5.12.post1: where the harness configures and plans the backend."""
+
+    @staticmethod
+    def settings(args: Any) -> dict[str, Callable[[], Any]]:
+        """The backend module's globals that read server arguments and the TP size."""
+        return {"get_attention_tp_size": lambda: 1, "get_global_server_args": lambda: args}
+
+    @staticmethod
+    def single_rank(fmb: ModuleType) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
+    @staticmethod
+    def capture(backend: Any, cap: Any) -> None:
+        """Plan the batch a CUDA graph is captured with (before the capture)."""
+        bs = cap.batch_size
+        backend.init_forward_metadata_capture_cuda_graph(
+            bs, bs, cap.req_pool_indices, cap.seq_lens, None, cap.forward_mode, None
+        )
+
+    @staticmethod
+    def in_graph(backend: Any, cap: Any) -> None:
+        """What the graph itself records of the planning (nothing on this line)."""
+
+    @staticmethod
+    def replay(backend: Any, fb: Any) -> None:
+        """Plan a replay of the captured graph with `fb`'s lengths."""
+        backend.init_forward_metadata_replay_cuda_graph(
+            fb.batch_size, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_sum, None,
+            fb.forward_mode, None, fb.seq_lens_cpu,
+        )  # fmt: skip
+
+
+class RuntimeContextApi(BackendApi):
+    """SGLang 0.5.17: configuration read from the runtime context's namespace bags, the topology
+    from `get_parallel()` (held at one rank without decode context parallelism through its own
+    override hook, which the DCP helpers read too), and one entry point, run before a capture
+    (`in_capture=True`) and before each replay, with the recorded part in
+    `init_forward_metadata_in_graph`."""
+
+    @staticmethod
+    def settings(args: Any) -> dict[str, Callable[[], Any]]:
+        disagg = SimpleNamespace(disaggregation_mode=args.disaggregation_mode)
+        schedule = SimpleNamespace(disable_chunked_prefix_cache=args.disable_chunked_prefix_cache)
+        kernel = SimpleNamespace(flashinfer_mla_disable_ragged=args.flashinfer_mla_disable_ragged)
+        execution = SimpleNamespace(kernel=kernel)
+        return {
+            "get_disagg": lambda: disagg,
+            "get_schedule": lambda: schedule,
+            "get_exec": lambda: execution,
+        }
+
+    @staticmethod
+    def single_rank(fmb: ModuleType) -> contextlib.AbstractContextManager[Any]:
+        return fmb.get_parallel().override(attn_tp_size=1, attn_dcp_size=1, dcp_enabled=False)
+
+    @staticmethod
+    def capture(backend: Any, cap: Any) -> None:
+        backend.init_forward_metadata_out_graph(cap, in_capture=True)
+
+    @staticmethod
+    def in_graph(backend: Any, cap: Any) -> None:
+        backend.init_forward_metadata_in_graph(cap)
+
+    @staticmethod
+    def replay(backend: Any, fb: Any) -> None:
+        backend.init_forward_metadata_out_graph(fb)
+
+
+def backend_api(fmb: ModuleType) -> type[BackendApi]:
+    """The API of the backend module's line: 0.5.17 reads its configuration from the runtime
+    context (`get_parallel` and the namespace bags), earlier lines from the server args."""
+    return RuntimeContextApi if hasattr(fmb, "get_parallel") else BackendApi
 
 
 @dataclass
@@ -104,6 +187,10 @@ class Parts:
     flashinfer_backends: tuple[str, ...] = ("auto", "fa2")
     # Entered around the whole run (the CPU stand-ins redirect `device="cuda"` allocations).
     context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
+
+    @property
+    def api(self) -> type[BackendApi]:
+        return backend_api(self.backend)
 
     @property
     def decode_modes(self) -> tuple[str, ...]:
@@ -153,6 +240,7 @@ class _World:
     gen: Any  # on the device: pools and queries
     lines: list[str] = field(default_factory=list)
     mode: str = "gather"  # the decode path under test
+    server_args: Any = None  # what the backend module reads as its server arguments
     native_calls: int = 0  # calls of the native kernel from the backend (Python side)
 
     @property
@@ -195,8 +283,12 @@ def _verify_input_factory(torch: Any) -> Callable[[int], Any]:
     (it pulls in the scheduler and sgl_kernel), the same contract built from SGLang's SpecInput
     and its own index kernel, so target verify is still run through the backend."""
     try:
+        import inspect
+
         from sglang.srt.speculative.eagle_info import EagleVerifyInput
 
+        if "device" in inspect.signature(EagleVerifyInput.create_idle_input).parameters:
+            return lambda k: EagleVerifyInput.create_idle_input(1, 1, k, "cuda")  # 0.5.17
         return lambda k: EagleVerifyInput.create_idle_input(1, 1, k)
     except Exception:  # an optional module failing to import in a trimmed environment
         pass
@@ -260,7 +352,7 @@ def _configured(world: _World, fi_backend: str) -> Iterator[None]:
     (`auto` is what the server runs: fa3 on SM90; fa2 is SM120's family), and the native kernel
     counted, so a decode that silently takes another path is seen."""
     parts = world.parts
-    fmb = parts.backend
+    fmb, api = parts.backend, parts.api
     args = SimpleNamespace(
         disaggregation_mode="null",
         disable_chunked_prefix_cache=True,
@@ -268,14 +360,8 @@ def _configured(world: _World, fi_backend: str) -> Iterator[None]:
         flashinfer_mla_disable_ragged=True,
         page_size=1,
     )
-    saved = {
-        name: getattr(fmb, name)
-        for name in (
-            "get_attention_tp_size",
-            "get_global_server_args",
-            "BatchMLAPagedAttentionWrapper",
-        )
-    }
+    settings = api.settings(args)
+    saved = {name: getattr(fmb, name) for name in (*settings, "BatchMLAPagedAttentionWrapper")}
     base = saved["BatchMLAPagedAttentionWrapper"]
     forced = base
     if fi_backend != "auto":
@@ -286,9 +372,10 @@ def _configured(world: _World, fi_backend: str) -> Iterator[None]:
                 super().__init__(*a, **kw)
 
         forced = Forced
-    fmb.get_attention_tp_size = lambda: 1
-    fmb.get_global_server_args = lambda: args
+    for name, value in settings.items():
+        setattr(fmb, name, value)
     fmb.BatchMLAPagedAttentionWrapper = forced
+    world.server_args = args
     kernel = getattr(fmb, "mla_decode_fp8", None)
     if kernel is not None:
         saved["mla_decode_fp8"] = kernel
@@ -299,7 +386,8 @@ def _configured(world: _World, fi_backend: str) -> Iterator[None]:
 
         fmb.mla_decode_fp8 = counted
     try:
-        yield
+        with api.single_rank(fmb):
+            yield
     finally:
         for name, value in saved.items():
             setattr(fmb, name, value)
@@ -307,15 +395,16 @@ def _configured(world: _World, fi_backend: str) -> Iterator[None]:
 
 def _model_runner(world: _World) -> Any:
     geo = world.geo
-    args = world.parts.backend.get_global_server_args()
     return SimpleNamespace(
         model_config=SimpleNamespace(
             context_len=geo.max_ctx, num_attention_heads=geo.heads, kv_lora_rank=CKV,
             qk_nope_head_dim=QK_NOPE, qk_rope_head_dim=KPE, v_head_dim=CKV, scaling=SM_SCALE,
         ),
         device=world.parts.device, page_size=1, dtype=world.torch.bfloat16,
-        kv_cache_dtype=world.torch.float8_e4m3fn, server_args=args,
+        kv_cache_dtype=world.torch.float8_e4m3fn, server_args=world.server_args,
         req_to_token_pool=SimpleNamespace(size=geo.max_reqs, req_to_token=world.req_to_token),
+        # 0.5.17 reads the pool from the model runner (a static pool: no unified-memory table).
+        token_to_kv_pool=world.kv_pool, token_to_kv_pool_allocator=SimpleNamespace(),
     )  # fmt: skip
 
 
@@ -428,6 +517,8 @@ def _decode_batch(world: _World, reqs: list[int], lens: tuple[int, ...]) -> Any:
         req_pool_indices=torch.tensor(reqs, dtype=torch.int64, device=dev),
         seq_lens=seq, seq_lens_cpu=seq.cpu(), seq_lens_sum=int(sum(lens)),
         token_to_kv_pool=world.kv_pool, out_cache_loc=None, spec_info=None,
+        positions=torch.zeros(len(reqs), dtype=torch.int64, device=dev),  # one token each
+        attn_dcp_metadata=None,
     )  # fmt: skip
 
 
@@ -504,7 +595,7 @@ def _case_extend(world: _World, patched: Any, upstream: Any) -> None:
         extend_prefix_lens_cpu=list(geo.extend_prefix),
         extend_seq_lens=_seq(torch, geo.extend_q, dev), extend_seq_lens_cpu=list(geo.extend_q),
         attn_attend_prefix_cache=None, token_to_kv_pool=world.kv_pool, out_cache_loc=None,
-        spec_info=None,
+        spec_info=None, attn_dcp_metadata=None,
     )  # fmt: skip
     qs = _queries(world, sum(geo.extend_q))
     results = []
@@ -529,7 +620,7 @@ def _case_verify(world: _World, patched: Any, upstream: Any) -> None:
             seq_lens=seq, seq_lens_cpu=seq.cpu(), seq_lens_sum=int(sum(geo.verify_lens)),
             extend_prefix_lens=None, extend_prefix_lens_cpu=[0] * len(reqs),
             attn_attend_prefix_cache=None, token_to_kv_pool=world.kv_pool, out_cache_loc=None,
-            spec_info=world.parts.verify_input(k),
+            spec_info=world.parts.verify_input(k), attn_dcp_metadata=None,
         )  # fmt: skip
         _plan(backend, poison, lambda b=backend, f=fb: b.init_forward_metadata(f))
         results.append(_extend(world, backend, fb, qs, poison))
@@ -540,41 +631,30 @@ def _case_verify(world: _World, patched: Any, upstream: Any) -> None:
 def _case_graph(world: _World, patched: Any, upstream: Any) -> None:
     """Capture decode once per backend, replay with other lengths through SGLang's replay plan."""
     torch, geo, parts = world.torch, world.geo, world.parts
+    api = parts.api
     bs = len(geo.decode_lens)
     reqs = list(range(bs))
     cap = _decode_batch(world, reqs, (geo.capture_len,) * bs)
     qs = _queries(world, bs)
-    mode = parts.backend.ForwardMode.DECODE
     captured = {}
     for name, backend in (("patched", patched), ("upstream", upstream)):
         backend.init_cuda_graph_state(geo.max_reqs, geo.max_reqs)
-        _plan(
-            backend,
-            name == "patched",
-            lambda b=backend: b.init_forward_metadata_capture_cuda_graph(
-                bs, bs, cap.req_pool_indices, cap.seq_lens, None, mode, None
-            ),
-        )
+        _plan(backend, name == "patched", lambda b=backend: api.capture(b, cap))
+        api.in_graph(backend, cap)
         outs = _decode(world, backend, cap, qs, False)  # eager warm-up: compiles, allocates
         graph = None
         if parts.real_graphs:
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
+                api.in_graph(backend, cap)
                 outs = _decode(world, backend, cap, qs, False)
         captured[name] = (backend, graph, outs)
     for lens in geo.replay_lens:
         fb = _decode_batch(world, reqs, lens)
         results = {}
         for name, (backend, graph, outs) in captured.items():
-            _plan(
-                backend,
-                name == "patched",
-                lambda b=backend, f=fb: b.init_forward_metadata_replay_cuda_graph(
-                    bs, f.req_pool_indices, f.seq_lens, f.seq_lens_sum, None, mode, None,
-                    f.seq_lens_cpu,
-                ),
-            )  # fmt: skip
+            _plan(backend, name == "patched", lambda b=backend, f=fb: api.replay(b, f))
             if name == "patched":
                 _poison(world)
             if graph is not None:
