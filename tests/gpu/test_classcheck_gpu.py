@@ -5,9 +5,9 @@ eager decode, paged extend with a prefix, target verify, and decode captured onc
 and replayed through SGLang's fast replay plan, with FlashInfer `auto` (fa3 on the H200, what the
 server runs) and fa2 (SM120's family), with native FP8 decode (held to fp64) and gather-then-cast
 decode (bit for bit), against the same class with GLMSERVE_FP8_GATHER=0. Then fault
-injection: wrong wirings of the backend (tests/support/backend_mutants.py) must be refused, by
-the harness and by the startup self-test's --backend, so the self-test is shown to catch a wrong
-WIRING, not only a wrong kernel.
+injection: wrong wirings of the backend (tests/support/backend_mutants.py, spelled for the
+installed line: 0.5.12.post1 or 0.5.17) must be refused, by the harness and by the startup
+self-test's --backend, so the self-test is shown to catch a wrong WIRING, not only a wrong kernel.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch")
 
-from support.backend_mutants import OBSERVABLE, WRONG, mutate  # noqa: E402
+from support.backend_mutants import OBSERVABLE, mutate, observable  # noqa: E402
 
 from glmserve.selftest import classcheck, runner  # noqa: E402
 
@@ -39,6 +39,15 @@ def parts():
     return parts
 
 
+def mutant_for(parts, name: str):
+    """The named wrong wiring, spelled for the installed line's patched backend."""
+    line = classcheck.patched_series(Path(parts.backend.__file__))
+    if line not in classcheck.CLASS_CHECK_SERIES:
+        pytest.fail(f"the installed backend's series {line} is not one the class checks drive")
+    (mutant,) = [m for m in observable(line) if m.name == name]
+    return mutant
+
+
 def test_c_patched_class_matches_upstream(parts):
     t0 = time.monotonic()
     lines = classcheck.run_class_checks(torch, parts, seed=7)
@@ -51,7 +60,7 @@ def test_c_patched_class_matches_upstream(parts):
 
 @pytest.mark.parametrize("name", OBSERVABLE)
 def test_c_a_wrong_wiring_is_refused(parts, tmp_path, name):
-    (mutant,) = [m for m in WRONG if m.name == name]
+    mutant = mutant_for(parts, name)
     source = Path(parts.backend.__file__).read_text()
     broken = tmp_path / "flashinfer_mla_backend.py"
     broken.write_text(mutate(source, mutant))
@@ -63,7 +72,7 @@ def test_c_a_wrong_wiring_is_refused(parts, tmp_path, name):
 
 
 def test_c_the_startup_selftest_refuses_a_wrong_wiring(parts, tmp_path):
-    (mutant,) = [m for m in WRONG if m.name == OBSERVABLE[0]]
+    mutant = mutant_for(parts, OBSERVABLE[0])
     broken = tmp_path / "flashinfer_mla_backend.py"
     broken.write_text(mutate(Path(parts.backend.__file__).read_text(), mutant))
     report = runner.run_selftest(timeout_s=CHECK_BUDGET_S, backend_path=str(broken))
@@ -76,7 +85,7 @@ def test_c_a_wrong_native_wiring_fails_the_native_verdict_only(parts, tmp_path):
     """Native decode wired wrong: the self-test still passes (gather is proven), its native
     verdict fails, and the launcher then serves with GLMSERVE_FP8_ATTENTION=gather."""
     name = "native decode reads the eager wrapper's indices (stale under CUDA graphs)"
-    (mutant,) = [m for m in WRONG if m.name == name]
+    mutant = mutant_for(parts, name)
     broken = tmp_path / "flashinfer_mla_backend.py"
     broken.write_text(mutate(Path(parts.backend.__file__).read_text(), mutant))
     report = runner.run_selftest(timeout_s=CHECK_BUDGET_S, backend_path=str(broken))

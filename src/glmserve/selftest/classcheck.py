@@ -292,7 +292,12 @@ def _verify_input_factory(torch: Any) -> Callable[[int], Any]:
         return lambda k: EagleVerifyInput.create_idle_input(1, 1, k)
     except Exception:  # an optional module failing to import in a trimmed environment
         pass
-    from sglang.srt.layers.attention.utils import create_flashinfer_kv_indices_triton
+    try:
+        from sglang.srt.layers.attention.utils import create_flashinfer_kv_indices_triton
+    except ImportError:  # 0.5.17 has no attention/utils.py; its MLA backend imports it from here
+        from sglang.srt.layers.attention.flashinfer_backend import (
+            create_flashinfer_kv_indices_triton,
+        )
     from sglang.srt.speculative.spec_info import SpecInput, SpecInputType
 
     class VerifyInput(SpecInput):
