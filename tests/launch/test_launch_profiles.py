@@ -217,3 +217,17 @@ def test_the_current_line_s_deep_tiny_profile_is_the_pinned_one_on_0_5_17():
     assert sglang_versions(current) == (CURRENT_LINE,)
     assert current.args == pinned.args and current.env == pinned.env
     assert current.model == pinned.model
+
+
+def test_the_patched_path_is_the_lines_patched_backends():
+    """flashinfer is patched on every line; fa3 only on the lines whose series patches it, so a
+    tiny fa3 run counts as patched on the current line and not on the default one."""
+    from glmserve.launch.profiles import uses_patched_path
+
+    fa3 = ["--attention-backend", "fa3"]
+    flashinfer = ["--attention-backend", "flashinfer"]
+    assert uses_patched_path(flashinfer, (PINNED,)) and uses_patched_path(flashinfer)
+    assert uses_patched_path(fa3, (CURRENT_LINE,)) and not uses_patched_path(fa3, (PINNED,))
+    assert not uses_patched_path(["--attention-backend", "dsa"], (CURRENT_LINE,))
+    tiny = load_profile(PROFILES_DIR, f"tiny-mla-78l-sglang{CURRENT_LINE}")
+    assert uses_patched_path([*tiny.args, *fa3], sglang_versions(tiny))

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import pytest
 from support.launch import PINNED, PROFILE_NAMES, PROFILES_DIR, pinned_sglang_parser
 
-from glmserve.launch.profiles import LAUNCHER_OWNED_FLAGS, parse_profile_file
+from glmserve.launch.profiles import LAUNCHER_OWNED_FLAGS, parse_profile_file, sglang_versions
 from glmserve.launch.sglang_argv import annotated_fields, resolve
 from glmserve.series.errors import PatchError
 from glmserve.series.wheels import default_cache_dir, fetch_wheel
@@ -281,7 +281,7 @@ def check_argv(argv: list[str], specs: dict[str, FlagSpec], version: str = PINNE
 def test_every_profile_flag_exists_with_a_legal_value(line_specs, name):
     """Against the server_args.py of the line the profile names (0.5.12.post1 or 0.5.17)."""
     profile = parse_profile_file(PROFILES_DIR / f"{name}.json")
-    version = profile.sglang_version
+    (version,) = sglang_versions(profile)  # the line that lists it
     assert check_argv(list(profile.args), line_specs(version), version) == []
 
 

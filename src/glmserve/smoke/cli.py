@@ -81,11 +81,16 @@ def _env_or(value: Any, environ: Mapping[str, str], key: str) -> str | None:
 def profile_facts(
     profile_name: str | None, profiles_dir: str | None, environ: Mapping[str, str]
 ) -> tuple[bool, Path | None]:
-    """Whether the profile (plus GLMSERVE_EXTRA_ARGS) decodes on the patched flashinfer path,
+    """Whether the profile (plus GLMSERVE_EXTRA_ARGS) decodes on a path its line patched,
     worked out exactly as the launcher does, and the model dir it names by default."""
     from glmserve.launch.cli import parse_extra_env
     from glmserve.launch.errors import LaunchError
-    from glmserve.launch.profiles import find_profiles_dir, load_profile, uses_patched_path
+    from glmserve.launch.profiles import (
+        find_profiles_dir,
+        load_profile,
+        sglang_versions,
+        uses_patched_path,
+    )
 
     if profile_name is None:
         return True, None
@@ -94,9 +99,8 @@ def profile_facts(
         extra = parse_extra_env(environ.get(EXTRA_ARGS_ENV))
     except LaunchError as exc:
         raise SmokeError(str(exc)) from None
-    return uses_patched_path(
-        [*profile.args, *extra], profile.sglang_version
-    ), profile.model.default_path
+    patched = uses_patched_path([*profile.args, *extra], sglang_versions(profile))
+    return patched, profile.model.default_path
 
 
 def port_in_use(port: int) -> bool:
