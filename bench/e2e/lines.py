@@ -22,8 +22,8 @@ after a 6,000-token prompt, of 16 streams (with tok/s), of 64 streams after 2,04
 (steady decode: glmserve.streaming's tail TPOT); upstream at 1 and 16 streams (it is ~10x slower).
 Bars (the issue's): patched TPOT <= 1.05x BF16 KV and <= 0.15x upstream at 1 and 16 streams;
 greedy identity with upstream for the bit-identical paths, agreement reported for native.
-The self-test's class checks are not ported to that line's backend API (classcheck.unported_line),
-so the servers start with GLMSERVE_SKIP_SELFTEST=1: this run is that line's proof.
+Each server starts through the launcher's self-test (its class checks drive that line's backend
+API; the 2026-12-01 run predates that and started with GLMSERVE_SKIP_SELFTEST=1).
 Writes lines-e2e.json and lines-e2e.md under --out (rewritten after every step).
 """
 
@@ -113,8 +113,6 @@ class Phase:
                 GLMSERVE_FP8_ATTENTION=attention,
                 GLMSERVE_EMULATOR_FP8_GATHER=gather,
                 GLMSERVE_BUILD_INFO=str(info),
-                # The class checks do not drive this line's backend API yet: this run proves it.
-                GLMSERVE_SKIP_SELFTEST="1",
                 # FA3 from sgl-kernel's flash_ops (bench/fa3_kernels.sh), not the kernels hub.
                 SGLANG_USE_SGL_FA3_KERNEL="1",
             )
