@@ -125,9 +125,7 @@ class Phase:
                                        paths, sys.executable)  # fmt: skip
             if a.emulator:
                 argv[argv.index("--cost-model") + 1] = cost
-                argv += ["--attention-backend", self.backend]
-            else:
-                argv += ["--attention-backend", self.backend]  # after '--': SGLang's, last wins
+            argv += ["--attention-backend", self.backend]  # after '--': SGLang's, last wins
             srv = harness.Server(spec, argv, env, out / "logs" / f"{self.backend}-{name}.log")
             self.servers[name] = srv
             self.doc["servers"][name] = {
@@ -138,52 +136,12 @@ class Phase:
             srv.start()
 
     def wait_ready(self, budget_s: float) -> list[str]:
-        end = time.monotonic() + budget_s
-        pending = dict(self.servers)
-        while pending and time.monotonic() < end:
-            for name, srv in list(pending.items()):
-                if srv.poll_ready():
-                    self.doc["servers"][name]["ready_s"] = round(srv.ready_s or 0, 1)
-                    log(f"{self.backend}/{name} ready after {srv.ready_s:.0f} s")
-                    del pending[name]
-                elif srv.error:
-                    self.doc["servers"][name]["error"] = srv.error
-                    log(f"{self.backend}/{name} FAILED: {srv.error}")
-                    del pending[name]
-            time.sleep(0.5)
-        for name in pending:
-            self.doc["servers"][name]["error"] = f"not ready within {budget_s:.0f} s"
-        return [n for n in self.servers if "ready_s" in self.doc["servers"][n]]
+        return native.wait_ready(self.servers, self.doc["servers"], budget_s, f"{self.backend}/")
 
     def greedy(self, http: Any, ready: list[str], prompts: dict[str, list[list[int]]]) -> None:
-        new = self.run.args.greedy_tokens
-        got: dict[str, dict[str, list[list[int]]]] = {}
-        for name in ready:
-            url = self.servers[name].url
-            try:
-                got[name] = {
-                    "short": harness.greedy_ids(http, url, prompts["short"], new),
-                    "long": harness.greedy_ids(http, url, prompts["long"], new),
-                    "shared_prefix": harness.greedy_ids(http, url, prompts["shared_prefix"], new),
-                    "concurrent": native.generate_concurrently(url, prompts["concurrent"], new),
-                }
-            except Exception as exc:
-                self.doc["notes"].append(f"greedy on {name} failed: {type(exc).__name__}: {exc}")
-        ref = got.get("upstream")
-        for name, sets in got.items():
-            if name == "upstream" or ref is None:
-                continue
-            self.doc["greedy"][name] = {
-                key: {
-                    "prompts": len(outs),
-                    "identical": sum(d is None for d in div),
-                    "first_divergence": div,
-                }
-                for key, outs in sets.items()
-                for div in [
-                    [native.first_divergence(o, r) for o, r in zip(outs, ref[key], strict=True)]
-                ]
-            }
+        new, label = self.run.args.greedy_tokens, f"{self.backend}/"
+        sets = native.greedy_sets(http, self.servers, ready, prompts, new, self.doc, label)
+        self.doc["greedy"].update(native.against_upstream(sets))
         self.run.save()
 
     def timing(self, ready: list[str], prompts: dict[str, list[list[int]]]) -> None:

@@ -153,6 +153,81 @@ def loaded_tpot(url: str, prompts: list[list[int]], max_tokens: int, salt: int) 
     return got
 
 
+def wait_ready(
+    servers: dict[str, harness.Server],
+    records: dict[str, dict[str, Any]],
+    budget_s: float,
+    label: str = "",
+) -> list[str]:
+    """Poll the started servers until each is ready or failed, or the budget is spent; record
+    `ready_s` or `error` under its name; return the ready names in start order."""
+    end = time.monotonic() + budget_s
+    pending = dict(servers)
+    while pending and time.monotonic() < end:
+        for name, srv in list(pending.items()):
+            if srv.poll_ready():
+                records[name]["ready_s"] = round(srv.ready_s or 0, 1)
+                log(f"{label}{name} ready after {srv.ready_s:.0f} s")
+                del pending[name]
+            elif srv.error:
+                records[name]["error"] = srv.error
+                log(f"{label}{name} FAILED: {srv.error}")
+                del pending[name]
+        time.sleep(0.5)
+    for name in pending:
+        records[name]["error"] = f"not ready within {budget_s:.0f} s"
+    return [n for n in servers if "ready_s" in records[n]]
+
+
+def greedy_sets(
+    http: Any,
+    servers: dict[str, harness.Server],
+    ready: list[str],
+    prompts: dict[str, list[list[int]]],
+    new: int,
+    doc: dict[str, Any],
+    label: str = "",
+) -> dict[str, dict[str, list[list[int]]]]:
+    """Each ready server's greedy tokens for the four prompt sets; a server that fails one is
+    left out, with a note in `doc`."""
+    got: dict[str, dict[str, list[list[int]]]] = {}
+    for name in ready:
+        url = servers[name].url
+        t = time.monotonic()
+        try:
+            got[name] = {
+                "short": harness.greedy_ids(http, url, prompts["short"], new),
+                "long": harness.greedy_ids(http, url, prompts["long"], new),
+                # Sequential: the first request fills the radix cache, the rest hit it.
+                "shared_prefix": harness.greedy_ids(http, url, prompts["shared_prefix"], new),
+                "concurrent": generate_concurrently(url, prompts["concurrent"], new),
+            }
+        except Exception as exc:
+            doc["notes"].append(f"greedy on {name} failed: {type(exc).__name__}: {exc}")
+        log(f"{label}{name}: greedy sets in {time.monotonic() - t:.1f} s")
+    return got
+
+
+def against_upstream(got: dict[str, dict[str, list[list[int]]]]) -> dict[str, dict[str, Any]]:
+    """Per path and prompt set: how many outputs equal upstream's, and where each diverges."""
+    ref = got.get("upstream")
+    if ref is None:
+        return {}
+    compared: dict[str, dict[str, Any]] = {}
+    for name, sets in got.items():
+        if name == "upstream":
+            continue
+        compared[name] = {}
+        for key, outs in sets.items():
+            div = [first_divergence(o, r) for o, r in zip(outs, ref[key], strict=True)]
+            compared[name][key] = {
+                "prompts": len(outs),
+                "identical": sum(d is None for d in div),
+                "first_divergence": div,
+            }
+    return compared
+
+
 class Run:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -208,54 +283,11 @@ class Run:
             srv.start()
 
     def wait_ready(self, budget_s: float) -> list[str]:
-        end = time.monotonic() + budget_s
-        pending = dict(self.servers)
-        while pending and time.monotonic() < end:
-            for name, srv in list(pending.items()):
-                if srv.poll_ready():
-                    self.doc["servers"][name]["ready_s"] = round(srv.ready_s or 0, 1)
-                    log(f"{name} ready after {srv.ready_s:.0f} s")
-                    del pending[name]
-                elif srv.error:
-                    self.doc["servers"][name]["error"] = srv.error
-                    log(f"{name} FAILED: {srv.error}")
-                    del pending[name]
-            time.sleep(0.5)
-        for name in pending:
-            self.doc["servers"][name]["error"] = f"not ready within {budget_s:.0f} s"
-        return [n for n in self.servers if "ready_s" in self.doc["servers"][n]]
+        return wait_ready(self.servers, self.doc["servers"], budget_s)
 
     def greedy(self, http: Any, ready: list[str], prompts: dict[str, list[list[int]]]) -> None:
-        new = self.args.greedy_tokens
-        got: dict[str, dict[str, list[list[int]]]] = {}
-        for name in ready:
-            url = self.servers[name].url
-            t = time.monotonic()
-            try:
-                sets = {
-                    "short": harness.greedy_ids(http, url, prompts["short"], new),
-                    "long": harness.greedy_ids(http, url, prompts["long"], new),
-                    # Sequential: the first request fills the radix cache, the rest hit it.
-                    "shared_prefix": harness.greedy_ids(http, url, prompts["shared_prefix"], new),
-                    "concurrent": generate_concurrently(url, prompts["concurrent"], new),
-                }
-                got[name] = sets
-            except Exception as exc:
-                self.doc["notes"].append(f"greedy on {name} failed: {type(exc).__name__}: {exc}")
-            log(f"{name}: greedy sets in {time.monotonic() - t:.1f} s")
-        ref = got.get("upstream")
-        for name, sets in got.items():
-            if name == "upstream" or ref is None:
-                continue
-            per_set = {}
-            for key, outs in sets.items():
-                div = [first_divergence(o, r) for o, r in zip(outs, ref[key], strict=True)]
-                per_set[key] = {
-                    "prompts": len(outs),
-                    "identical": sum(d is None for d in div),
-                    "first_divergence": div,
-                }
-            self.doc["greedy"][name] = per_set
+        sets = greedy_sets(http, self.servers, ready, prompts, self.args.greedy_tokens, self.doc)
+        self.doc["greedy"].update(against_upstream(sets))
         self.save()
 
     def timing(self, ready: list[str], prompts: dict[str, list[list[int]]]) -> None:
