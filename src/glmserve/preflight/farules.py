@@ -45,16 +45,15 @@ from glmserve.preflight.flow import (
 )
 from glmserve.preflight.rules import (
     ENV_SWITCH,
-    GATHER_MODULE,
     GATHER_ON,
     KV_SOURCE,
-    NATIVE_MODULE,
     NO_FULL_CAST,
     SERIES_OFF,
     STRUCTURE,
     SWITCH,
     Config,
     Report,
+    backend_classes,
 )
 
 FORWARD_METHODS = ("forward_extend", "forward_decode")
@@ -75,17 +74,7 @@ def is_flashattention_backend(tree: ast.Module) -> bool:
 
 def check_flashattention_backend(tree: ast.Module) -> Report:
     """Run every rule on a parsed `flashattention_backend.py`."""
-    module = Module(tree, GATHER_MODULE, NATIVE_MODULE)
-    report = Report()
-    if not module.gather_names:
-        report.add(0, STRUCTURE, f"does not import {GATHER_MODULE}: the gather is not wired in")
-    entries = [
-        (cls, methods)
-        for cls, methods in module.methods.items()
-        if all(name in methods for name in FORWARD_METHODS)
-    ]
-    if not entries:
-        report.add(0, STRUCTURE, "no class defines forward_extend and forward_decode")
+    module, report, entries = backend_classes(tree, FORWARD_METHODS)
     try:
         for cls, methods in entries:
             for name in FORWARD_METHODS:

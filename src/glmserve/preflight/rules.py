@@ -133,20 +133,29 @@ class Report:
             self.problems.append(problem)
 
 
-def check_backend(tree: ast.Module) -> Report:
-    """Run every rule on a parsed `flashinfer_mla_backend.py`."""
+def backend_classes(
+    tree: ast.Module, forward_methods: tuple[str, ...]
+) -> tuple[Module, Report, list[tuple[str, dict[str, ast.FunctionDef]]]]:
+    """The parsed backend module, a report holding its structural problems (the gather not
+    imported, no class with both forward methods), and each class that defines both."""
     module = Module(tree, GATHER_MODULE, NATIVE_MODULE)
     report = Report()
     if not module.gather_names:
         report.add(0, STRUCTURE, f"does not import {GATHER_MODULE}: the gather is not wired in")
-    on_configs = [NATIVE_ON, GATHER_ON] if module.native_names else [GATHER_ON]
     entries = [
         (cls, methods)
         for cls, methods in module.methods.items()
-        if all(name in methods for name in FORWARD_METHODS)
+        if all(name in methods for name in forward_methods)
     ]
     if not entries:
-        report.add(0, STRUCTURE, "no class defines forward_decode and forward_extend")
+        report.add(0, STRUCTURE, f"no class defines {' and '.join(forward_methods)}")
+    return module, report, entries
+
+
+def check_backend(tree: ast.Module) -> Report:
+    """Run every rule on a parsed `flashinfer_mla_backend.py`."""
+    module, report, entries = backend_classes(tree, FORWARD_METHODS)
+    on_configs = [NATIVE_ON, GATHER_ON] if module.native_names else [GATHER_ON]
     try:
         recorded = _check_plans(module, on_configs, report)
         for cls, methods in entries:
