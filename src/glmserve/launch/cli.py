@@ -540,11 +540,16 @@ def self_test(
     path = request if request in switches.FP8_PATHS else switches.NATIVE
     why = f"pinned by {switches.FP8_ATTENTION.name}={request}" if request == path else ""
     decode = Fp8Decode(path, why or "default (not timed)", {})
-    env = {**plan.env, **switches.FP8_ATTENTION.setting(path)}
+    # FlashAttention's MLA path (patched from 0.5.17 on) always gathers through its page table;
+    # the native kernel, and the choice between the two, belong to the flashinfer backend.
+    one_path = ready.backend == "fa3"
+    if one_path:
+        decode = Fp8Decode(switches.GATHER, "fa3 MLA path: gather-then-cast of its pages", {})
+    env = {**plan.env, **switches.FP8_ATTENTION.setting(decode.path)}
     if not ready.patched_path:
         print(
             f"{PROG}: self-test not run: attention backend {ready.backend or '(SGLang default)'} "
-            "does not use the patched flashinfer MLA path",
+            "does not use a patched MLA path",
             file=err,
         )
         return env, decode
@@ -563,7 +568,7 @@ def self_test(
     print(f"{PROG}: self-test {status}: {detail}", file=err)
     if native:
         print(f"{PROG}: native FP8 decode self-test {native}", file=err)
-    if fp8_gather == "on" and (native or timing):
+    if fp8_gather == "on" and (native or timing) and not one_path:
         chosen, why = checks.choose_fp8_attention(request, native, timing)
         if native.startswith("failed"):
             # The gather path has just been proven bit-identical; serve on it, not refuse.
@@ -579,14 +584,6 @@ def write_build_info(ready: Validated, fp8_gather: str, decode: Fp8Decode) -> No
     target = ready.plan.inputs.build_info
     buildinfo.clear_launch_error(target)  # a previous refusal no longer holds
     patch_runs = fp8_gather == "on"
-    path, why = decode.path, decode.why
-    if patch_runs and ready.backend == "fa3":
-        # FlashAttention's MLA path (patched from 0.5.17 on) always gathers through its page
-        # table; the native kernel and the self-test's choice belong to the flashinfer backend.
-        path, why = (
-            switches.GATHER,
-            "fa3 MLA path: gather-then-cast of the pages its page table maps",
-        )
     buildinfo.write_build_info(
         target,
         {
@@ -599,9 +596,9 @@ def write_build_info(ready: Validated, fp8_gather: str, decode: Fp8Decode) -> No
             # The decode path the patched backend takes (empty where the patch does not run),
             # what was asked of it (native, gather, or auto: the faster here), why it runs,
             # and both paths' µs per layer where the self-test timed them.
-            "fp8_attention": path if patch_runs else "",
+            "fp8_attention": decode.path if patch_runs else "",
             "fp8_attention_requested": ready.fp8.request if patch_runs else "",
-            "fp8_attention_why": why if patch_runs else "",
+            "fp8_attention_why": decode.why if patch_runs else "",
             "fp8_attention_timing": decode.timing if patch_runs else {},
             "attention_backend": ready.backend,
             # Whether this profile's decode runs a file the line's series patched.

@@ -279,8 +279,8 @@ def uses_patched_path(argv: Sequence[str], sglang_versions: Sequence[str] = ()) 
     """True when decode runs an MLA backend the patch series of one of these SGLang lines
     changes: flashinfer on every line, and from 0.5.17 on also fa3 (glmserve.sglang_lines). DSA
     (nsa/dsa) and every other backend read the KV pool through code the series does not touch."""
-    backend = decode_attention_backend(argv)
-    return any(backend in sglang_lines.patched_backends(v) for v in sglang_versions or ("",))
+    patched = {b for v in sglang_versions for b in sglang_lines.patched_backends(v)}
+    return decode_attention_backend(argv) in (patched or {"flashinfer"})  # every series: flashinfer
 
 
 def sglang_versions(profile: Profile) -> tuple[str, ...]:
