@@ -8,39 +8,41 @@ pool. This kernel reads the FP8 e4m3 pool itself, 1 byte per element, through th
 ``decode_wrapper.run`` writes. Decode only: prefill/extend stay on gather-then-cast + FlashInfer.
 
 Design:
-  * work balance over the whole step: every request costs its token count plus a fixed
-    ``overhead`` (its q load and output write). The step's total cost, read on the device
-    from ``kv_indptr``, is cut into equal contiguous chunks, one per program of a grid that
-    is fixed per device (SMs x programs per SM). A program walks the requests its chunk
-    touches; a request it covers whole is written straight to ``out``, a request cut by a
-    chunk border leaves a normalised partial and its log-sum-exp in one of the program's
-    two partial slots (its first and its last request can be cut, no other). Short requests
-    share a program, long ones spread over many, with no per-request split count;
-  * the tile loop (``BLOCK_N`` KV rows) loads the next tiles asynchronously while the current
-    one computes (Triton's software pipelining of a ``for`` loop). MLA's latent row is shared
-    by every head, so each FP8 tile is converted once for all heads of the group, for QK and
-    for PV;
-  * two tile forms compute the same function. ``heads-m`` puts the heads in the MMA's M
-    dimension (q as the A operand). ``kv-m`` puts the tile's KV rows in M (S^T = K q^T,
-    O^T = V^T P^T): M = 64 rows reaches the SM90 warpgroup MMA, q lives in shared memory, and
-    8 heads need no padding;
-  * the merge kernel combines each cut request's partials by log-sum-exp and writes zeros
-    for empty requests.
+  * work balance over the whole step. Every request costs its token count plus a fixed
+    ``overhead`` (its q load and output write); the step's total cost, read on the device from
+    ``kv_indptr``, is cut into equal contiguous chunks, one per program of a grid fixed per
+    device (SMs x programs per SM). A program walks the requests its chunk touches: one it
+    covers whole is written straight to ``out``; one cut by a chunk border leaves a normalised
+    partial and its log-sum-exp in one of the program's two partial slots (only its first and
+    its last request can be cut). Short requests share a program, long ones spread over many,
+    whatever the mix of lengths;
+  * the tile loop (``BLOCK_N`` KV rows) is software-pipelined by Triton: the next tiles' index
+    and row loads are in flight while one computes. All loads of a tile have one shape, so the
+    slot indices sit in one register layout and are prefetched with the rows (with two shapes
+    Triton reloads them synchronously, and the pipeline stalls on every tile);
+  * MLA's latent row is shared by every head: each FP8 tile is converted once (e4m3 -> fp16 is
+    exact, one instruction per two values) into one fp16 copy that serves QK and PV for all
+    heads of the program;
+  * two tile forms compute the same function. ``kv-m`` puts the tile's KV rows in the MMA's M
+    dimension (S^T = K q^T, O^T = V^T P^T): 8 heads fill N = 8 with no padding, the layout of
+    GLM-5 at TP8. ``heads-m`` puts 16 heads in M (S = q K^T, O = P V): with 16 heads it moves
+    fewer operand bytes through shared memory than kv-m, which would put them in wgmma's N;
+  * the merge kernel combines each cut request's partials by log-sum-exp in one pass, and
+    writes zeros for empty requests.
 
-Numerics: q is not quantized. The tensor cores take fp16 (e4m3 -> fp16 is exact and one
-instruction per two values). Each (request, head) row of q is first scaled by a power of two
-that puts its largest |value| in [2^14, 2^15) (any finite bf16, up to 2^127, fits): every bf16
-value within 2^31 of that maximum is then exact in fp16, and the scale is undone in the softmax
-exponent. Softmax weights go to the PV product as fp16 scaled by 2^15 (more mantissa than the
-bf16 weights FlashInfer uses). NaN in q or in a row read propagates to that head's output, as
-it does through the upstream cast; nothing maps it to zeros.
+Numerics: q is not quantized. Each (request, head) row of q is scaled by a power of two that
+puts its largest |value| in [2^14, 2^15) (any finite bf16 fits; the scale stays a normal fp32
+both ways): every bf16 value within 2^31 of that maximum is then exact in fp16, and the scale
+is undone in the softmax exponent. Softmax weights go to the PV product as fp16 scaled by 2^15
+(more mantissa than the bf16 weights FlashInfer uses). NaN in q or in a row read reaches that
+head's output, as through the upstream cast: no guard maps it to zeros.
 
-CUDA graphs: the grids depend only on the device, the batch size and the head count; every
-length and chunk border is computed on the device from ``kv_indptr``; nothing syncs with the
-host and nothing is allocated per call. The partial-result workspace depends only on the
-device and the head groups (not on the batch), is allocated outside any capture, and is
-never freed or replaced while the process lives: a captured graph keeps pointing at live
-memory whatever runs eagerly afterwards.
+CUDA graphs and memory safety: the grids depend only on the device, the batch size and the head
+count; every length and chunk border is computed on the device from ``kv_indptr``; nothing
+syncs with the host and nothing is allocated per call. The partial-result workspace depends on
+the device and the head layout only (not on the batch), is allocated outside any capture and is
+never freed or replaced: a graph captured with it keeps writing into live memory, whatever runs
+eagerly afterwards.
 
 ``GLMSERVE_FP8_ATTENTION=native`` (default) or ``gather`` chooses the decode path when the
 patch is on; ``GLMSERVE_FP8_GATHER=0`` switches the whole series off (upstream cast).
@@ -52,7 +54,7 @@ import logging
 import os
 import weakref
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import triton
@@ -66,15 +68,14 @@ DEFAULT_MODE = "native"
 
 D_LATENT = 512  # kv_lora_rank: the latent part of a row, which is also V
 D_ROPE = 64  # qk_rope_head_dim
-# In-kernel constants: the latent is handled as four column blocks (independent MMA chains).
+# In-kernel constants: the latent is handled as four column blocks (independent PV chains);
+# the rope part is read as a fifth block of the same width with its upper half masked.
 LATENT = tl.constexpr(D_LATENT)
 D_BLK = tl.constexpr(D_LATENT // 4)
 LOG2E = 1.4426950408889634
 P_SCALE = tl.constexpr(32768.0)  # softmax weights are in (0, 1]: x 2^15 stays below fp16's max
 FORM_HEADS_M = 0
 FORM_KV_M = 1
-FORM_MIXED = 2  # KV rows in M for QK, heads in M for PV
-FORM_KV_M_PREFETCH = 3  # kv-M, next tile prefetched into registers by the kernel itself
 MERGE_BLOCK_D = 64
 MERGE_BLOCK_S = 32
 # Programs per device assumed when the tensors are not on a GPU (the interpreter).
@@ -83,46 +84,42 @@ INTERPRETER_SMS = 4
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    form: int  # FORM_HEADS_M or FORM_KV_M
+    form: int  # FORM_KV_M (8 heads per program) or FORM_HEADS_M (16)
     block_n: int  # KV rows per tile
     num_warps: int
-    num_stages: int  # software-pipelining depth of the tile loads
+    num_stages: int  # software-pipelining depth of the tile loads (>= 5 keeps a tile in flight)
     programs_per_sm: int  # stage-1 programs per SM (the grid is SMs x this)
-    min_chunk: int = 256  # fewest cost units (tokens) a program takes
+    min_chunk: int = 64  # fewest cost units (tokens) a program takes
     overhead: int = 64  # cost of a request's q load and output write, in tokens
-    qk_chains: int = 1  # 1: one accumulator; 2 or 5: independent partial products, summed
-    ablate: int = 0  # bench only: 1 no PV, 2 no QK, 3 no running max (wrong results)
 
-    def heads_per_group(self, num_heads: int) -> int:
-        """Heads one program serves: the MMA dimension they sit in is padded to this."""
-        if self.form != FORM_HEADS_M and num_heads <= 8:
-            return 8
-        return 16
+    @property
+    def heads_per_program(self) -> int:
+        return 8 if self.form == FORM_KV_M else 16
 
 
-# Measured on an H200 with bench/fp8_decode.py (bench/results/); every configuration
-# computes the same function.
-CONFIG_GPU = LaunchConfig(form=FORM_KV_M, block_n=64, num_warps=4, num_stages=2, programs_per_sm=2)
-CONFIG_INTERPRETER = LaunchConfig(
-    form=FORM_KV_M, block_n=16, num_warps=4, num_stages=1, programs_per_sm=1, min_chunk=16,
-    overhead=8,
-)  # fmt: skip
+# Measured on an H200 with bench/fp8_decode_sweep.py (bench/results/fp8-decode-kernels/README.md
+# lists every variant tried); every configuration computes the same function. The *_SM90 ones
+# were the fastest there and need more shared memory than SM120's ~99 KB per block; the others
+# fit it (RTX PRO 6000) and compile without spills for SM100 (B200) as well.
+CONFIG_KV_M_SM90 = LaunchConfig(FORM_KV_M, 64, num_warps=4, num_stages=5, programs_per_sm=1)
+CONFIG_KV_M = LaunchConfig(FORM_KV_M, 32, num_warps=4, num_stages=5, programs_per_sm=2)
+CONFIG_HEADS_M_SM90 = LaunchConfig(FORM_HEADS_M, 32, num_warps=4, num_stages=5, programs_per_sm=2)
+CONFIG_HEADS_M = LaunchConfig(FORM_HEADS_M, 32, num_warps=4, num_stages=4, programs_per_sm=2)
+# Shared memory the SM90 configurations take (ptxas, Triton 3.6, sm_90a), plus a margin.
+SM90_SHARED_BYTES = {CONFIG_KV_M_SM90: 176 * 1024, CONFIG_HEADS_M_SM90: 104 * 1024}
+CONFIG_INTERPRETER = {
+    form: LaunchConfig(
+        form, 16, num_warps=4, num_stages=1, programs_per_sm=1, min_chunk=16, overhead=8
+    )
+    for form in (FORM_KV_M, FORM_HEADS_M)
+}
 
 
 @triton.jit
-def _e4m3_to_f16(raw, ASM_CVT: tl.constexpr, FAKE: tl.constexpr = False):
-    if FAKE:  # timing only (ablation 4): byte moves in place of the convert
-        return tl.inline_asm_elementwise(
-            asm="prmt.b32 $0, $2, 0, 0x1010; prmt.b32 $1, $2, 0, 0x3232;",
-            constraints="=r,=r,r",
-            args=[raw],
-            dtype=tl.float16,
-            is_pure=False,
-            pack=4,
-        )
+def _e4m3_to_f16(raw, ASM_CVT: tl.constexpr):
     if ASM_CVT:
         # Non-pure: Triton must not sink the convert past the shared-memory round trip, or
-        # every consumer would convert again.
+        # every consumer of the tile would convert again.
         return tl.inline_asm_elementwise(
             asm="{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; "
             "cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
@@ -132,23 +129,15 @@ def _e4m3_to_f16(raw, ASM_CVT: tl.constexpr, FAKE: tl.constexpr = False):
             is_pure=False,
             pack=4,
         )
-    return raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
-
-
-@triton.jit
-def _opaque(x, ASM: tl.constexpr):
-    """x, through an op Triton cannot fold: keeps `dot + dot` from becoming one chain."""
-    if not ASM:  # the interpreter has no inline PTX (and no chains to keep apart)
-        return x
-    return tl.inline_asm_elementwise(
-        asm="mov.b32 $0, $1;", constraints="=r,r", args=[x], dtype=tl.float32, is_pure=True,
-        pack=1,
-    )  # fmt: skip
+    # Triton 3.6's interpreter converts the NaN codes 0x7F/0xFF to +-480; the hardware
+    # convert (above) gives NaN, as e4m3fn defines.
+    value = raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+    return tl.where((raw & 0x7F) == 0x7F, float("nan"), value)
 
 
 @triton.jit
 def _power_of_two_scale(amax):
-    """2^k with amax * 2^k in [2^14, 2^15); k in [-126, 100] keeps it and 1/it normal fp32."""
+    """2^k with amax * 2^k in [2^14, 2^15); k in [-126, 100] keeps 2^k and 2^-k normal fp32."""
     exp_amax = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
     shift = tl.where(amax > 0.0, tl.minimum(tl.maximum(14 - exp_amax, -126), 100), 0)
     return ((shift + 127) << 23).to(tl.float32, bitcast=True)
@@ -157,7 +146,10 @@ def _power_of_two_scale(amax):
 @triton.jit
 def _load_q(q_nope_ptr, q_pe_ptr, req, heads, head_ok, s_qn_b, s_qn_h, s_qp_b, s_qp_h, qk_scale,
             D_PE: tl.constexpr):  # fmt: skip
-    """One request's q for a head group as fp16 [H, D] blocks, and each head's score scale."""
+    """One request's q for a head group as fp16 [H, D_BLK] blocks, and each head's score scale.
+
+    The rope block is padded to D_BLK columns with zeros, like the tile's rope block.
+    """
     cols = tl.arange(0, D_BLK)[None, :]
     qn = q_nope_ptr + req * s_qn_b + heads[:, None] * s_qn_h + cols
     mask = head_ok[:, None]
@@ -165,7 +157,6 @@ def _load_q(q_nope_ptr, q_pe_ptr, req, heads, head_ok, s_qn_b, s_qn_h, s_qp_b, s
     q1 = tl.load(qn + D_BLK, mask=mask, other=0.0).to(tl.float32)
     q2 = tl.load(qn + 2 * D_BLK, mask=mask, other=0.0).to(tl.float32)
     q3 = tl.load(qn + 3 * D_BLK, mask=mask, other=0.0).to(tl.float32)
-    # The rope part is padded to D_BLK columns with zeros, like the tile's rope block.
     pe = q_pe_ptr + req * s_qp_b + heads[:, None] * s_qp_h + cols
     qr = tl.load(pe, mask=mask & (cols < D_PE), other=0.0).to(tl.float32)
     amax = tl.maximum(tl.max(tl.abs(q0), 1), tl.max(tl.abs(q1), 1))
@@ -182,58 +173,30 @@ def _load_q(q_nope_ptr, q_pe_ptr, req, heads, head_ok, s_qn_b, s_qn_h, s_qp_b, s
 
 @triton.jit
 def _load_tile(kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, BLOCK_N: tl.constexpr,
-               D_PE: tl.constexpr, ASM_CVT: tl.constexpr, FAKE: tl.constexpr = False):  # fmt: skip
-    """BLOCK_N rows [off, hi) of the request's slot list as fp16 blocks, and which are live.
-
-    Every load of the tile has one shape ([BLOCK_N, D_BLK]; the rope block reads D_PE of its
-    D_BLK columns), so the slot indices are needed in one register layout: Triton then loads
-    them once, asynchronously, in the tile's pipeline stage before the rows.
-    """
+               D_PE: tl.constexpr, ASM_CVT: tl.constexpr):  # fmt: skip
+    """Rows [off, hi) of the request's slot list as fp16 blocks, which rows are live, and how
+    many of them hold a corrupt index (outside the pool: never read)."""
     pos = off + tl.arange(0, BLOCK_N)
     live = pos < hi
     slot = tl.load(kv_indices_ptr + pos, mask=live, other=0)
-    # Never read outside the pool, whatever the index buffer holds.
     valid = (slot >= 0) & (slot < n_pool_rows)
     row = kv_ptr + slot.to(tl.int64)[:, None] * stride_kv
     cols = tl.arange(0, D_BLK)[None, :]
     mask = (live & valid)[:, None]
-    k0 = _e4m3_to_f16(tl.load(row + cols, mask=mask, other=0), ASM_CVT, FAKE)
-    k1 = _e4m3_to_f16(tl.load(row + D_BLK + cols, mask=mask, other=0), ASM_CVT, FAKE)
-    k2 = _e4m3_to_f16(tl.load(row + 2 * D_BLK + cols, mask=mask, other=0), ASM_CVT, FAKE)
-    k3 = _e4m3_to_f16(tl.load(row + 3 * D_BLK + cols, mask=mask, other=0), ASM_CVT, FAKE)
-    kr = _e4m3_to_f16(tl.load(row + 4 * D_BLK + cols, mask=mask & (cols < D_PE), other=0), ASM_CVT, FAKE)
-    # A corrupt index (never seen from SGLang) must also leave the softmax: checked as one
-    # scalar so the common path needs no per-row mask beyond the tile's length.
+    k0 = _e4m3_to_f16(tl.load(row + cols, mask=mask, other=0), ASM_CVT)
+    k1 = _e4m3_to_f16(tl.load(row + D_BLK + cols, mask=mask, other=0), ASM_CVT)
+    k2 = _e4m3_to_f16(tl.load(row + 2 * D_BLK + cols, mask=mask, other=0), ASM_CVT)
+    k3 = _e4m3_to_f16(tl.load(row + 3 * D_BLK + cols, mask=mask, other=0), ASM_CVT)
+    rope_mask = mask & (cols < D_PE)
+    kr = _e4m3_to_f16(tl.load(row + 4 * D_BLK + cols, mask=rope_mask, other=0), ASM_CVT)
+    # Counted as one scalar, so the common path needs no per-row mask beyond the length.
     corrupt = tl.sum((live & ~valid).to(tl.int32), 0)
     return k0, k1, k2, k3, kr, live, corrupt
 
 
 @triton.jit
-def _load_slots(kv_indices_ptr, off, hi, BLOCK_N: tl.constexpr):
-    pos = off + tl.arange(0, BLOCK_N)
-    return tl.load(kv_indices_ptr + pos, mask=pos < hi, other=0)
-
-
-@triton.jit
-def _load_rows(kv_ptr, slot, off, hi, n_pool_rows, stride_kv, BLOCK_N: tl.constexpr,
-               D_PE: tl.constexpr):  # fmt: skip
-    """The raw e4m3 bytes of the tile's rows (into registers), and its corrupt-index count."""
-    live = off + tl.arange(0, BLOCK_N) < hi
-    valid = (slot >= 0) & (slot < n_pool_rows)
-    row = kv_ptr + slot.to(tl.int64)[:, None] * stride_kv
-    cols = tl.arange(0, D_BLK)[None, :]
-    mask = (live & valid)[:, None]
-    r0 = tl.load(row + cols, mask=mask, other=0)
-    r1 = tl.load(row + D_BLK + cols, mask=mask, other=0)
-    r2 = tl.load(row + 2 * D_BLK + cols, mask=mask, other=0)
-    r3 = tl.load(row + 3 * D_BLK + cols, mask=mask, other=0)
-    rr = tl.load(row + 4 * D_BLK + cols, mask=mask & (cols < D_PE), other=0)
-    return r0, r1, r2, r3, rr, tl.sum((live & ~valid).to(tl.int32), 0)
-
-
-@triton.jit
 def _slot_valid(kv_indices_ptr, off, hi, n_pool_rows, BLOCK_N: tl.constexpr):
-    """Which of the tile's rows hold an index inside the pool (the rare, corrupt path)."""
+    """Which of the tile's rows hold an index inside the pool (the rare, corrupt-index path)."""
     pos = off + tl.arange(0, BLOCK_N)
     slot = tl.load(kv_indices_ptr + pos, mask=pos < hi, other=-1)
     return (slot >= 0) & (slot < n_pool_rows)
@@ -242,30 +205,16 @@ def _slot_valid(kv_indices_ptr, off, hi, n_pool_rows, BLOCK_N: tl.constexpr):
 @triton.jit
 def _tile_heads_m(kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, m_i, l_i,
                   a0, a1, a2, a3, q0, q1, q2, q3, qr, row_scale, BLOCK_N: tl.constexpr,
-                  D_PE: tl.constexpr, ASM_CVT: tl.constexpr, ABLATE: tl.constexpr, CHAINS: tl.constexpr):  # fmt: skip
+                  D_PE: tl.constexpr, ASM_CVT: tl.constexpr):  # fmt: skip
     """Online-softmax update, heads in M: S = q K^T [H, N], O [H, 512] += P V."""
     k0, k1, k2, k3, kr, live, corrupt = _load_tile(
-        kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, BLOCK_N, D_PE, ASM_CVT,
-        ABLATE == 4,
+        kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, BLOCK_N, D_PE, ASM_CVT
     )
-    if ABLATE == 2:  # timing only: no QK product
-        s = tl.zeros([q0.shape[0], BLOCK_N], dtype=tl.float32)
-    elif CHAINS == 5:
-        # Five independent MMA chains (one per column block), summed: a single accumulator
-        # makes the 36 k-steps of the 576-wide product one dependent chain.
-        s = _opaque(tl.dot(q0, tl.trans(k0)), ASM_CVT) + _opaque(tl.dot(q1, tl.trans(k1)), ASM_CVT)
-        s += _opaque(tl.dot(q2, tl.trans(k2)), ASM_CVT) + _opaque(tl.dot(q3, tl.trans(k3)), ASM_CVT)
-        s += _opaque(tl.dot(qr, tl.trans(kr)), ASM_CVT)
-    elif CHAINS == 2:
-        s = tl.dot(q1, tl.trans(k1), tl.dot(q0, tl.trans(k0)))
-        s2 = tl.dot(qr, tl.trans(kr), tl.dot(q3, tl.trans(k3), tl.dot(q2, tl.trans(k2))))
-        s = _opaque(s, ASM_CVT) + _opaque(s2, ASM_CVT)
-    else:
-        s = tl.dot(q0, tl.trans(k0))
-        s = tl.dot(q1, tl.trans(k1), s)
-        s = tl.dot(q2, tl.trans(k2), s)
-        s = tl.dot(q3, tl.trans(k3), s)
-        s = tl.dot(qr, tl.trans(kr), s)
+    s = tl.dot(q0, tl.trans(k0))
+    s = tl.dot(q1, tl.trans(k1), s)
+    s = tl.dot(q2, tl.trans(k2), s)
+    s = tl.dot(q3, tl.trans(k3), s)
+    s = tl.dot(qr, tl.trans(kr), s)
     s = tl.where(live[None, :], s * row_scale[:, None], float("-inf"))
     if corrupt > 0:
         valid = _slot_valid(kv_indices_ptr, off, hi, n_pool_rows, BLOCK_N)
@@ -278,147 +227,23 @@ def _tile_heads_m(kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, m_i, 
     l_i = l_i * alpha + tl.sum(p, 1)
     # P is scaled by 2^15 into fp16's normal range (exact), so small weights keep 11 bits.
     p16 = (p * P_SCALE).to(tl.float16)
-    if ABLATE != 1:  # ABLATE 1, timing only: no PV product
-        a0 = tl.dot(p16, k0, a0 * alpha[:, None])
-        a1 = tl.dot(p16, k1, a1 * alpha[:, None])
-        a2 = tl.dot(p16, k2, a2 * alpha[:, None])
-        a3 = tl.dot(p16, k3, a3 * alpha[:, None])
+    a0 = tl.dot(p16, k0, a0 * alpha[:, None])
+    a1 = tl.dot(p16, k1, a1 * alpha[:, None])
+    a2 = tl.dot(p16, k2, a2 * alpha[:, None])
+    a3 = tl.dot(p16, k3, a3 * alpha[:, None])
     return m_new, l_i, a0, a1, a2, a3
 
 
 @triton.jit
 def _tile_kv_m(kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, m_i, l_i,
                a0, a1, a2, a3, q0, q1, q2, q3, qr, row_scale, BLOCK_N: tl.constexpr,
-               D_PE: tl.constexpr, ASM_CVT: tl.constexpr, ABLATE: tl.constexpr, CHAINS: tl.constexpr):  # fmt: skip
+               D_PE: tl.constexpr, ASM_CVT: tl.constexpr):  # fmt: skip
     """Online-softmax update, KV rows in M: S^T = K q^T [N, H], O^T [512, H] += V^T P^T.
 
-    q0..qr arrive transposed ([D, H]); a0..a3 are [128, H].
+    q0..qr arrive transposed ([D_BLK, H]); a0..a3 are [D_BLK, H].
     """
     k0, k1, k2, k3, kr, live, corrupt = _load_tile(
-        kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, BLOCK_N, D_PE, ASM_CVT,
-        ABLATE == 4,
-    )
-    if ABLATE == 2:  # timing only: no QK product
-        s = tl.zeros([BLOCK_N, q0.shape[1]], dtype=tl.float32)
-    elif CHAINS == 5:
-        s = _opaque(tl.dot(k0, q0), ASM_CVT) + _opaque(tl.dot(k1, q1), ASM_CVT)
-        s += _opaque(tl.dot(k2, q2), ASM_CVT) + _opaque(tl.dot(k3, q3), ASM_CVT)
-        s += _opaque(tl.dot(kr, qr), ASM_CVT)
-    elif CHAINS == 2:
-        s = tl.dot(k1, q1, tl.dot(k0, q0))
-        s2 = tl.dot(kr, qr, tl.dot(k3, q3, tl.dot(k2, q2)))
-        s = _opaque(s, ASM_CVT) + _opaque(s2, ASM_CVT)
-    else:
-        s = tl.dot(k0, q0)
-        s = tl.dot(k1, q1, s)
-        s = tl.dot(k2, q2, s)
-        s = tl.dot(k3, q3, s)
-        s = tl.dot(kr, qr, s)
-    s = tl.where(live[:, None], s * row_scale[None, :], float("-inf"))
-    if corrupt > 0:
-        valid = _slot_valid(kv_indices_ptr, off, hi, n_pool_rows, BLOCK_N)
-        s = tl.where(valid[:, None], s, float("-inf"))
-    if ABLATE == 3:  # timing only: no running max (no cross-warp reduction per tile)
-        m_new = m_i
-        m_safe = tl.zeros_like(m_i)
-    else:
-        m_new = tl.maximum(m_i, tl.max(s, 0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_safe)
-    p = tl.exp2(s - m_safe[None, :])
-    l_i = l_i * alpha + tl.sum(p, 0)
-    p16 = (p * P_SCALE).to(tl.float16)
-    if ABLATE == 1:  # timing only: no PV product
-        return m_new, l_i, a0, a1, a2, a3
-    a0 = tl.dot(tl.trans(k0), p16, a0 * alpha[None, :])
-    a1 = tl.dot(tl.trans(k1), p16, a1 * alpha[None, :])
-    a2 = tl.dot(tl.trans(k2), p16, a2 * alpha[None, :])
-    a3 = tl.dot(tl.trans(k3), p16, a3 * alpha[None, :])
-    return m_new, l_i, a0, a1, a2, a3
-
-
-@triton.jit
-def _attend_raw_kv_m(kv_indices_ptr, off, hi, n_pool_rows, r0, r1, r2, r3, rr, corrupt, m_i,
-                     l_i, a0, a1, a2, a3, q0, q1, q2, q3, qr, row_scale,
-                     BLOCK_N: tl.constexpr, ASM_CVT: tl.constexpr):  # fmt: skip
-    """The kv-M online-softmax update on a tile already in registers (raw e4m3 bytes)."""
-    live = off + tl.arange(0, BLOCK_N) < hi
-    k0 = _e4m3_to_f16(r0, ASM_CVT)
-    k1 = _e4m3_to_f16(r1, ASM_CVT)
-    k2 = _e4m3_to_f16(r2, ASM_CVT)
-    k3 = _e4m3_to_f16(r3, ASM_CVT)
-    s = tl.dot(k0, q0)
-    s = tl.dot(k1, q1, s)
-    s = tl.dot(k2, q2, s)
-    s = tl.dot(k3, q3, s)
-    s = tl.dot(_e4m3_to_f16(rr, ASM_CVT), qr, s)
-    s = tl.where(live[:, None], s * row_scale[None, :], float("-inf"))
-    if corrupt > 0:
-        valid = _slot_valid(kv_indices_ptr, off, hi, n_pool_rows, BLOCK_N)
-        s = tl.where(valid[:, None], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 0))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_safe)
-    p = tl.exp2(s - m_safe[None, :])
-    l_i = l_i * alpha + tl.sum(p, 0)
-    p16 = (p * P_SCALE).to(tl.float16)
-    a0 = tl.dot(tl.trans(k0), p16, a0 * alpha[None, :])
-    a1 = tl.dot(tl.trans(k1), p16, a1 * alpha[None, :])
-    a2 = tl.dot(tl.trans(k2), p16, a2 * alpha[None, :])
-    a3 = tl.dot(tl.trans(k3), p16, a3 * alpha[None, :])
-    return m_new, l_i, a0, a1, a2, a3
-
-
-@triton.jit
-def _tile_kv_m_direct(kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, m_i, l_i,
-                      a0, a1, a2, a3, q0, q1, q2, q3, qr, row_scale, BLOCK_N: tl.constexpr,
-                      D_PE: tl.constexpr, ASM_CVT: tl.constexpr):  # fmt: skip
-    """kv-M; QK reads the e4m3 tile through Triton's own cast (which it may fuse into the
-    operand load), PV through the shared fp16 copy of the latent."""
-    pos = off + tl.arange(0, BLOCK_N)
-    live = pos < hi
-    slot = tl.load(kv_indices_ptr + pos, mask=live, other=0)
-    valid = (slot >= 0) & (slot < n_pool_rows)
-    row = kv_ptr + slot.to(tl.int64)[:, None] * stride_kv
-    cols = tl.arange(0, D_BLK)[None, :]
-    mask = (live & valid)[:, None]
-    r0 = tl.load(row + cols, mask=mask, other=0)
-    r1 = tl.load(row + D_BLK + cols, mask=mask, other=0)
-    r2 = tl.load(row + 2 * D_BLK + cols, mask=mask, other=0)
-    r3 = tl.load(row + 3 * D_BLK + cols, mask=mask, other=0)
-    rr = tl.load(row + 4 * D_BLK + cols, mask=mask & (cols < D_PE), other=0)
-    corrupt = tl.sum((live & ~valid).to(tl.int32), 0)
-    f8 = tl.float8e4nv
-    s = tl.dot(r0.to(f8, bitcast=True).to(tl.float16), q0)
-    s = tl.dot(r1.to(f8, bitcast=True).to(tl.float16), q1, s)
-    s = tl.dot(r2.to(f8, bitcast=True).to(tl.float16), q2, s)
-    s = tl.dot(r3.to(f8, bitcast=True).to(tl.float16), q3, s)
-    s = tl.dot(rr.to(f8, bitcast=True).to(tl.float16), qr, s)
-    s = tl.where(live[:, None], s * row_scale[None, :], float("-inf"))
-    if corrupt > 0:
-        valid = _slot_valid(kv_indices_ptr, off, hi, n_pool_rows, BLOCK_N)
-        s = tl.where(valid[:, None], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 0))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_safe)
-    p = tl.exp2(s - m_safe[None, :])
-    l_i = l_i * alpha + tl.sum(p, 0)
-    p16 = (p * P_SCALE).to(tl.float16)
-    a0 = tl.dot(tl.trans(_e4m3_to_f16(r0, ASM_CVT)), p16, a0 * alpha[None, :])
-    a1 = tl.dot(tl.trans(_e4m3_to_f16(r1, ASM_CVT)), p16, a1 * alpha[None, :])
-    a2 = tl.dot(tl.trans(_e4m3_to_f16(r2, ASM_CVT)), p16, a2 * alpha[None, :])
-    a3 = tl.dot(tl.trans(_e4m3_to_f16(r3, ASM_CVT)), p16, a3 * alpha[None, :])
-    return m_new, l_i, a0, a1, a2, a3
-
-
-@triton.jit
-def _tile_mixed(kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, m_i, l_i,
-                a0, a1, a2, a3, q0, q1, q2, q3, qr, row_scale, BLOCK_N: tl.constexpr,
-                D_PE: tl.constexpr, ASM_CVT: tl.constexpr, ABLATE: tl.constexpr, CHAINS: tl.constexpr):  # fmt: skip
-    """KV rows in M for QK (S^T = K q^T), heads in M for PV (O [H, 512] += P V)."""
-    k0, k1, k2, k3, kr, live, corrupt = _load_tile(
-        kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, BLOCK_N, D_PE, ASM_CVT,
-        ABLATE == 4,
+        kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, BLOCK_N, D_PE, ASM_CVT
     )
     s = tl.dot(k0, q0)
     s = tl.dot(k1, q1, s)
@@ -434,19 +259,38 @@ def _tile_mixed(kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, m_i, l_
     alpha = tl.exp2(m_i - m_safe)
     p = tl.exp2(s - m_safe[None, :])
     l_i = l_i * alpha + tl.sum(p, 0)
-    pt = tl.trans((p * P_SCALE).to(tl.float16))
-    a0 = tl.dot(pt, k0, a0 * alpha[:, None])
-    a1 = tl.dot(pt, k1, a1 * alpha[:, None])
-    a2 = tl.dot(pt, k2, a2 * alpha[:, None])
-    a3 = tl.dot(pt, k3, a3 * alpha[:, None])
+    p16 = (p * P_SCALE).to(tl.float16)
+    a0 = tl.dot(tl.trans(k0), p16, a0 * alpha[None, :])
+    a1 = tl.dot(tl.trans(k1), p16, a1 * alpha[None, :])
+    a2 = tl.dot(tl.trans(k2), p16, a2 * alpha[None, :])
+    a3 = tl.dot(tl.trans(k3), p16, a3 * alpha[None, :])
     return m_new, l_i, a0, a1, a2, a3
+
+
+@triton.jit
+def _tile(kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, m_i, l_i, a0, a1, a2, a3,
+          q0, q1, q2, q3, qr, row_scale, BLOCK_N: tl.constexpr, D_PE: tl.constexpr,
+          FORM: tl.constexpr, ASM_CVT: tl.constexpr):  # fmt: skip
+    # Both branches are written out (no early return): Triton would compile the statement
+    # after a taken `return` as well, with the other form's shapes.
+    if FORM == 0:
+        m_i, l_i, a0, a1, a2, a3 = _tile_heads_m(
+            kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, m_i, l_i, a0, a1, a2, a3,
+            q0, q1, q2, q3, qr, row_scale, BLOCK_N, D_PE, ASM_CVT,
+        )  # fmt: skip
+    else:
+        m_i, l_i, a0, a1, a2, a3 = _tile_kv_m(
+            kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, m_i, l_i, a0, a1, a2, a3,
+            q0, q1, q2, q3, qr, row_scale, BLOCK_N, D_PE, ASM_CVT,
+        )  # fmt: skip
+    return m_i, l_i, a0, a1, a2, a3
 
 
 @triton.jit
 def _store_rows(dest, a0, a1, a2, a3, inv_l, head_ok, FORM: tl.constexpr):
     """Each head's 512 outputs (a0..a3 / l) to its row pointer in `dest`."""
     d = tl.arange(0, D_BLK)
-    if FORM == 0 or FORM == 2:
+    if FORM == 0:
         ptr = dest[:, None] + d[None, :]
         mask = head_ok[:, None]
         inv = inv_l[:, None]
@@ -466,25 +310,24 @@ def _segment(q_nope_ptr, q_pe_ptr, kv_ptr, kv_indices_ptr, out_ptr, part_out_ptr
              req, kv_lo, kv_hi, whole, slot, heads, head_ok, h_total, qk_scale, n_pool_rows,
              s_qn_b, s_qn_h, s_qp_b, s_qp_h, stride_kv, s_o_b, s_o_h, HP: tl.constexpr,
              BLOCK_N: tl.constexpr, D_PE: tl.constexpr, FORM: tl.constexpr,
-             ASM_CVT: tl.constexpr, ON_CPU: tl.constexpr, ABLATE: tl.constexpr, CHAINS: tl.constexpr):  # fmt: skip
+             ASM_CVT: tl.constexpr, ON_CPU: tl.constexpr):  # fmt: skip
     """Attend one request over slot positions [kv_lo, kv_hi); write its output or a partial."""
     q0, q1, q2, q3, qr, row_scale = _load_q(
         q_nope_ptr, q_pe_ptr, req, heads, head_ok, s_qn_b, s_qn_h, s_qp_b, s_qp_h, qk_scale, D_PE
     )
     m_i = tl.full([HP], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([HP], dtype=tl.float32)
-    if FORM != 0:
-        q0 = tl.trans(q0)
-        q1 = tl.trans(q1)
-        q2 = tl.trans(q2)
-        q3 = tl.trans(q3)
-        qr = tl.trans(qr)
-    if FORM == 0 or FORM == 2:
+    if FORM == 0:
         a0 = tl.zeros([HP, D_BLK], dtype=tl.float32)
         a1 = tl.zeros([HP, D_BLK], dtype=tl.float32)
         a2 = tl.zeros([HP, D_BLK], dtype=tl.float32)
         a3 = tl.zeros([HP, D_BLK], dtype=tl.float32)
     else:
+        q0 = tl.trans(q0)
+        q1 = tl.trans(q1)
+        q2 = tl.trans(q2)
+        q3 = tl.trans(q3)
+        qr = tl.trans(qr)
         a0 = tl.zeros([D_BLK, HP], dtype=tl.float32)
         a1 = tl.zeros([D_BLK, HP], dtype=tl.float32)
         a2 = tl.zeros([D_BLK, HP], dtype=tl.float32)
@@ -494,75 +337,28 @@ def _segment(q_nope_ptr, q_pe_ptr, kv_ptr, kv_indices_ptr, out_ptr, part_out_ptr
         # numpy >= 2.3); a `while` runs the same iterations over the same tile body.
         off = kv_lo
         while off < kv_hi:
-            if FORM == 0:
-                m_i, l_i, a0, a1, a2, a3 = _tile_heads_m(
-                    kv_ptr, kv_indices_ptr, off, kv_hi, n_pool_rows, stride_kv, m_i, l_i,
-                    a0, a1, a2, a3, q0, q1, q2, q3, qr, row_scale, BLOCK_N, D_PE, ASM_CVT, ABLATE, CHAINS,
-                )  # fmt: skip
-            elif FORM == 1:
-                m_i, l_i, a0, a1, a2, a3 = _tile_kv_m(
-                    kv_ptr, kv_indices_ptr, off, kv_hi, n_pool_rows, stride_kv, m_i, l_i,
-                    a0, a1, a2, a3, q0, q1, q2, q3, qr, row_scale, BLOCK_N, D_PE, ASM_CVT, ABLATE, CHAINS,
-                )  # fmt: skip
-            else:
-                m_i, l_i, a0, a1, a2, a3 = _tile_mixed(
-                    kv_ptr, kv_indices_ptr, off, kv_hi, n_pool_rows, stride_kv, m_i, l_i,
-                    a0, a1, a2, a3, q0, q1, q2, q3, qr, row_scale, BLOCK_N, D_PE, ASM_CVT, ABLATE, CHAINS,
-                )  # fmt: skip
+            m_i, l_i, a0, a1, a2, a3 = _tile(
+                kv_ptr, kv_indices_ptr, off, kv_hi, n_pool_rows, stride_kv, m_i, l_i,
+                a0, a1, a2, a3, q0, q1, q2, q3, qr, row_scale, BLOCK_N, D_PE, FORM, ASM_CVT,
+            )  # fmt: skip
             off += BLOCK_N
     else:
-        # A `for` with a device-computed bound: Triton software-pipelines it (the next tiles'
-        # index and row loads go to shared memory asynchronously while this tile computes),
-        # which a `while` does not get. Still one launch for any length.
-        if FORM == 3:
-            # kv-M with the prefetch written out: the next tile's rows are loaded into
-            # registers (and the indices two tiles ahead) while this tile computes.
-            slot_next = _load_slots(kv_indices_ptr, kv_lo + BLOCK_N, kv_hi, BLOCK_N)
-            r0, r1, r2, r3, rr, corrupt = _load_rows(
-                kv_ptr, _load_slots(kv_indices_ptr, kv_lo, kv_hi, BLOCK_N), kv_lo, kv_hi,
-                n_pool_rows, stride_kv, BLOCK_N, D_PE,
+        # A `for` with a device-computed bound: Triton software-pipelines it, which a `while`
+        # does not get. Still one launch for any length.
+        for off in range(kv_lo, kv_hi, BLOCK_N):
+            m_i, l_i, a0, a1, a2, a3 = _tile(
+                kv_ptr, kv_indices_ptr, off, kv_hi, n_pool_rows, stride_kv, m_i, l_i,
+                a0, a1, a2, a3, q0, q1, q2, q3, qr, row_scale, BLOCK_N, D_PE, FORM, ASM_CVT,
             )  # fmt: skip
-            for off in range(kv_lo, kv_hi, BLOCK_N):
-                slot_after = _load_slots(kv_indices_ptr, off + 2 * BLOCK_N, kv_hi, BLOCK_N)
-                n0, n1, n2, n3, nr, corrupt_next = _load_rows(
-                    kv_ptr, slot_next, off + BLOCK_N, kv_hi, n_pool_rows, stride_kv, BLOCK_N,
-                    D_PE,
-                )  # fmt: skip
-                m_i, l_i, a0, a1, a2, a3 = _attend_raw_kv_m(
-                    kv_indices_ptr, off, kv_hi, n_pool_rows, r0, r1, r2, r3, rr, corrupt, m_i,
-                    l_i, a0, a1, a2, a3, q0, q1, q2, q3, qr, row_scale, BLOCK_N, ASM_CVT,
-                )  # fmt: skip
-                r0, r1, r2, r3, rr, corrupt = n0, n1, n2, n3, nr, corrupt_next
-                slot_next = slot_after
-        else:
-            for off in range(kv_lo, kv_hi, BLOCK_N):
-                if FORM == 0:
-                    m_i, l_i, a0, a1, a2, a3 = _tile_heads_m(
-                        kv_ptr, kv_indices_ptr, off, kv_hi, n_pool_rows, stride_kv, m_i, l_i,
-                        a0, a1, a2, a3, q0, q1, q2, q3, qr, row_scale, BLOCK_N, D_PE, ASM_CVT, ABLATE, CHAINS,
-                    )  # fmt: skip
-                elif FORM == 1:
-                    m_i, l_i, a0, a1, a2, a3 = _tile_kv_m(
-                        kv_ptr, kv_indices_ptr, off, kv_hi, n_pool_rows, stride_kv, m_i, l_i,
-                        a0, a1, a2, a3, q0, q1, q2, q3, qr, row_scale, BLOCK_N, D_PE, ASM_CVT, ABLATE, CHAINS,
-                    )  # fmt: skip
-                elif FORM == 4:
-                    m_i, l_i, a0, a1, a2, a3 = _tile_kv_m_direct(
-                        kv_ptr, kv_indices_ptr, off, kv_hi, n_pool_rows, stride_kv, m_i, l_i,
-                        a0, a1, a2, a3, q0, q1, q2, q3, qr, row_scale, BLOCK_N, D_PE, ASM_CVT,
-                    )  # fmt: skip
-                else:
-                    m_i, l_i, a0, a1, a2, a3 = _tile_mixed(
-                        kv_ptr, kv_indices_ptr, off, kv_hi, n_pool_rows, stride_kv, m_i, l_i,
-                        a0, a1, a2, a3, q0, q1, q2, q3, qr, row_scale, BLOCK_N, D_PE, ASM_CVT, ABLATE, CHAINS,
-                    )  # fmt: skip
 
     # Every segment holds at least one row, so l_i >= 1 unless a NaN reached it: dividing
     # without a guard keeps that NaN (a guard like `l_i > 0` would turn it into zeros).
     inv_l = 1.0 / (l_i * P_SCALE)
+    # (The row pointers are passed inline: Triton types a name bound in both branches once,
+    # and these point to bf16 in one branch and to fp32 in the other.)
     if whole:
-        dest = out_ptr + (req * s_o_b + heads * s_o_h).to(tl.int64)
-        _store_rows(dest, a0, a1, a2, a3, inv_l, head_ok, FORM)
+        out_rows = out_ptr + (req * s_o_b + heads * s_o_h).to(tl.int64)
+        _store_rows(out_rows, a0, a1, a2, a3, inv_l, head_ok, FORM)
     else:
         part_row = slot * h_total + heads
         _store_rows(part_out_ptr + part_row.to(tl.int64) * LATENT, a0, a1, a2, a3, inv_l,
@@ -608,8 +404,6 @@ def _mla_decode_fp8_stage1(
     FORM: tl.constexpr,
     ASM_CVT: tl.constexpr,  # convert with inline PTX (GPU) instead of tl casts (interpreter)
     ON_CPU: tl.constexpr,  # running under TRITON_INTERPRET=1
-    ABLATE: tl.constexpr = 0,
-    CHAINS: tl.constexpr = 1,  # independent MMA accumulation chains of the QK product
 ):
     prog = tl.program_id(0)
     group = tl.program_id(1)
@@ -647,7 +441,7 @@ def _mla_decode_fp8_stage1(
                     part_lse_ptr, req, kv_start + t_lo, kv_start + t_hi,
                     (t_lo == 0) & (t_hi == kv_len), slot, heads, head_ok, h_total, qk_scale,
                     n_pool_rows, stride_qn_b, stride_qn_h, stride_qp_b, stride_qp_h, stride_kv,
-                    stride_o_b, stride_o_h, HP, BLOCK_N, D_PE, FORM, ASM_CVT, ON_CPU, ABLATE, CHAINS,
+                    stride_o_b, stride_o_h, HP, BLOCK_N, D_PE, FORM, ASM_CVT, ON_CPU,
                 )  # fmt: skip
             req += 1
             kv_start = kv_end
@@ -679,7 +473,7 @@ def _mla_decode_fp8_merge(
         tl.store(out, tl.zeros([BLOCK_D], dtype=out_ptr.dtype.element_ty))  # defined as zeros
     else:
         # The same geometry as stage 1: the programs whose chunks hold this request's tokens.
-        chunk, total = _chunk_of(kv_indptr_ptr, batch, num_programs, min_chunk, overhead)
+        chunk, _ = _chunk_of(kv_indptr_ptr, batch, num_programs, min_chunk, overhead)
         first = kv_start + req * overhead + overhead
         p_lo = first // chunk
         n_parts = (first + kv_len - 1) // chunk - p_lo + 1
@@ -687,7 +481,7 @@ def _mla_decode_fp8_merge(
             offs = tl.arange(0, BLOCK_S)
             # Part k sits in slot 2 * (p_lo + k), except the first when it starts mid-chunk.
             odd = tl.where(first > p_lo * chunk, 1, 0)
-            # One pass, rescaled online: each block's loads do not wait for the previous block.
+            # One pass, rescaled online: each block's loads need nothing from the previous one.
             m = float("-inf")
             acc = tl.zeros([BLOCK_D], dtype=tl.float32)
             w_sum = 0.0
@@ -703,8 +497,8 @@ def _mla_decode_fp8_merge(
                     other=0.0,
                 )
                 m_new = tl.maximum(m, tl.max(lse, 0))
-                # A NaN lse is ignored by the max above but poisons its weight below, so the
-                # output is NaN, as through the upstream cast.
+                # A NaN lse is skipped by the max above but poisons its own weight below, so
+                # the output is NaN, as through the upstream cast.
                 w = tl.where(used, tl.exp2(lse - m_new), 0.0)
                 rescale = tl.exp2(m - m_new)
                 acc = acc * rescale + tl.sum(part * w[:, None], 0)
@@ -716,58 +510,82 @@ def _mla_decode_fp8_merge(
 
 
 # Compiled kernels by everything Triton specialises a compile on, so that an eager call
-# launches in a few microseconds instead of going through JITFunction.run's argument binding
-# each time (decode runs this 2 x layers times per step whenever it runs outside a graph).
+# launches without JITFunction.run's argument binding (decode makes 2 launches per layer per
+# step whenever it runs outside a CUDA graph). Set GLMSERVE_FP8_FAST_LAUNCH=0 to bypass.
 _COMPILED: dict[tuple, Any] = {}
 FAST_LAUNCH = os.environ.get("GLMSERVE_FP8_FAST_LAUNCH", "1") != "0"
+_SPECIALISED: dict[Any, tuple[tuple[int, ...], tuple[int, ...]]] = {}
 
 
-def _specialisation(fn: Any, args: tuple) -> tuple:
-    """What Triton's binder derives from the arguments: 16-byte alignment of every pointer,
-    and for ints it may specialise on, whether they are 1, a multiple of 16, or wider than
-    int32."""
-    key = []
-    for name, arg in zip(fn.arg_names, args):
-        if isinstance(arg, torch.Tensor):
-            key.append(arg.data_ptr() % 16 == 0)
-        elif isinstance(arg, int) and name not in fn.do_not_specialize:
-            key.append((arg == 1, arg % 16 == 0, arg >= 2**31))
-    return tuple(key)
+def _specialised_args(fn: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(pointer positions, positions of ints Triton specialises on) of a kernel's arguments."""
+    if fn not in _SPECIALISED:
+        names = fn.arg_names
+        ptrs = tuple(i for i, n in enumerate(names) if n.endswith("_ptr"))
+        ints = tuple(
+            i for i, n in enumerate(names)
+            if n.startswith("stride") and n not in fn.do_not_specialize
+        )  # fmt: skip
+        _SPECIALISED[fn] = (ptrs, ints)
+    return _SPECIALISED[fn]
 
 
-def _launch(fn: Any, grid: tuple, args: tuple, constexprs: dict, num_warps: int, stages: int):
-    """fn[grid](*args, **constexprs), through the cached compiled kernel once there is one."""
-    if not FAST_LAUNCH or not isinstance(args[0], torch.Tensor) or not args[0].is_cuda:
+def _launch(fn: Any, grid: tuple, args: tuple, constexprs: dict, num_warps: int, stages: int,
+            on_gpu: bool) -> None:  # fmt: skip
+    """fn[grid](*args, **constexprs), through the cached compiled kernel once there is one.
+
+    The cache key holds what Triton's binder derives from the arguments: 16-byte alignment of
+    every pointer, and for each stride whether it is 1, a multiple of 16 or wider than int32.
+    """
+    if not (FAST_LAUNCH and on_gpu):
         fn[grid](*args, **constexprs, num_warps=num_warps, num_stages=stages)
         return
-    key = (fn, args[0].device.index, tuple(constexprs.values()), num_warps, stages,
-           _specialisation(fn, args))  # fmt: skip
+    ptrs, ints = _specialised_args(fn)
+    key = (
+        fn,
+        args[0].get_device(),
+        tuple(constexprs.values()),
+        num_warps,
+        stages,
+        tuple(args[i].data_ptr() % 16 == 0 for i in ptrs),
+        tuple((args[i] == 1, args[i] % 16 == 0, args[i] >= 2**31) for i in ints),
+    )
     kernel = _COMPILED.get(key)
     if kernel is None:
         _COMPILED[key] = fn[grid](*args, **constexprs, num_warps=num_warps, num_stages=stages)
         return
-    stream = torch.cuda.current_stream(args[0].device).cuda_stream
-    kernel.run(*grid, stream, kernel.function, kernel.packed_metadata, None, None, None,
-               *args, *constexprs.values())  # fmt: skip
+    # The raw current stream (what Triton's own launch reads; a CUDA-graph capture's stream
+    # included), without building a torch Stream object per call.
+    stream = torch._C._cuda_getCurrentRawStream(key[1])
+    kernel.run(*grid, stream, kernel.function, kernel.packed_metadata, None, None, None, *args,
+               *constexprs.values())  # fmt: skip
 
 
-_DEVICE_INFO: dict[int, tuple[int, int]] = {}
+_DEVICE_INFO: dict[int, tuple[int, int, int]] = {}
 
 
-def _device_info(device: torch.device) -> tuple[int, int]:
-    """(SM count, shared memory a program may use) of a CUDA device, cached."""
+def _device_info(device: torch.device) -> tuple[int, int, int]:
+    """(SM count, shared memory a program may use, compute capability major), cached."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _DEVICE_INFO:
         props = triton.runtime.driver.active.utils.get_device_properties(index)
-        _DEVICE_INFO[index] = (props["multiprocessor_count"], props["max_shared_mem"])
+        major = torch.cuda.get_device_capability(index)[0]
+        _DEVICE_INFO[index] = (props["multiprocessor_count"], props["max_shared_mem"], major)
     return _DEVICE_INFO[index]
 
 
-def launch_config(batch: int, device: torch.device) -> LaunchConfig:
-    """The configuration for a batch size on a device (a host-side choice: graph-stable)."""
+def launch_config(num_heads: int, device: torch.device) -> LaunchConfig:
+    """The configuration for a head count on a device (host-side: graph-stable)."""
+    form = FORM_KV_M if num_heads <= 8 else FORM_HEADS_M
     if device.type != "cuda":
-        return CONFIG_INTERPRETER
-    return CONFIG_GPU
+        return CONFIG_INTERPRETER[form]
+    sm90, portable = (
+        (CONFIG_KV_M_SM90, CONFIG_KV_M)
+        if form == FORM_KV_M
+        else (CONFIG_HEADS_M_SM90, CONFIG_HEADS_M)
+    )
+    _, shared, major = _device_info(device)
+    return sm90 if major == 9 and shared >= SM90_SHARED_BYTES[sm90] else portable
 
 
 def num_programs_for(device: torch.device, config: LaunchConfig) -> int:
@@ -777,11 +595,11 @@ def num_programs_for(device: torch.device, config: LaunchConfig) -> int:
 
 
 class _Workspaces:
-    """Partial-result buffers: one per (device, programs, head rows), kept for the process.
+    """Partial-result buffers, one per (device, programs, head rows), kept for the process.
 
-    A CUDA graph captured with a buffer keeps its address; replacing the buffer by a larger
-    one would leave the graph writing into freed memory. The size does not depend on the
-    batch, so a process needs one buffer per device and head layout: nothing is ever freed.
+    A CUDA graph captured with a buffer keeps its address: replacing the buffer by a larger one
+    would leave the graph writing into freed memory. The size does not depend on the batch, so
+    a process needs one buffer per device and head layout, and none is ever freed.
     """
 
     def __init__(self) -> None:
@@ -806,6 +624,10 @@ class _Workspaces:
         self._buffers[key] = found
         return found
 
+    def buffers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every buffer handed out so far (all alive: none is ever replaced)."""
+        return list(self._buffers.values())
+
 
 WORKSPACES = _Workspaces()
 
@@ -819,8 +641,8 @@ def mla_decode_fp8(
     sm_scale: float,
     out: torch.Tensor,
     *,
-    config: Optional[LaunchConfig] = None,
-    num_programs: Optional[int] = None,
+    config: LaunchConfig | None = None,
+    num_programs: int | None = None,
 ) -> torch.Tensor:
     """MLA decode attention over an FP8 e4m3 KV pool, one query token per request.
 
@@ -857,8 +679,8 @@ def mla_decode_fp8(
 
     device = q_nope.device
     on_gpu = device.type == "cuda"
-    cfg = config or launch_config(batch, device)
-    hp = cfg.heads_per_group(heads)
+    cfg = config or launch_config(heads, device)
+    hp = cfg.heads_per_program
     groups = -(-heads // hp)
     programs = num_programs or num_programs_for(device, cfg)
     part_out, part_lse = WORKSPACES.get(device, programs, groups * hp)
@@ -871,9 +693,10 @@ def mla_decode_fp8(
          q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), pool.stride(0),
          out.stride(0), out.stride(1)),
         dict(HP=hp, BLOCK_N=cfg.block_n, D_PE=D_ROPE, FORM=cfg.form, ASM_CVT=on_gpu,
-             ON_CPU=not on_gpu, ABLATE=cfg.ablate, CHAINS=cfg.qk_chains),
+             ON_CPU=not on_gpu),
         cfg.num_warps,
         cfg.num_stages,
+        on_gpu,
     )  # fmt: skip
     _launch(
         _mla_decode_fp8_merge,
@@ -883,19 +706,23 @@ def mla_decode_fp8(
         dict(BLOCK_S=MERGE_BLOCK_S, BLOCK_D=MERGE_BLOCK_D),
         4,
         1,
+        on_gpu,
     )  # fmt: skip
     return out
 
 
 def decode_mode() -> str:
-    """GLMSERVE_FP8_ATTENTION: 'native' (default) or 'gather'; anything else is refused."""
-    raw = os.environ.get(ENV_MODE, DEFAULT_MODE).strip().lower()
+    """GLMSERVE_FP8_ATTENTION: 'native' (default; also when empty or 'auto', the launcher's
+    choose-for-me value when no launcher chose) or 'gather'; anything else is refused."""
+    raw = os.environ.get(ENV_MODE, "").strip().lower() or DEFAULT_MODE
+    if raw == "auto":
+        raw = DEFAULT_MODE
     if raw not in MODES:
         raise ValueError(f"{ENV_MODE} must be one of {', '.join(MODES)}, got {raw!r}")
     return raw
 
 
-def unsupported_reason(model_runner: Any) -> Optional[str]:
+def unsupported_reason(model_runner: Any) -> str | None:
     """Why this model/GPU cannot take the native decode path (None: it can)."""
     dtype = getattr(model_runner, "kv_cache_dtype", None)
     if dtype != torch.float8_e4m3fn:
@@ -930,12 +757,12 @@ class Fp8NativeDecode:
     """
 
     def __init__(self) -> None:
-        self._plans: weakref.WeakKeyDictionary[Any, Optional[tuple[torch.Tensor, float]]] = (
+        self._plans: weakref.WeakKeyDictionary[Any, tuple[torch.Tensor, float] | None] = (
             weakref.WeakKeyDictionary()
         )
 
     @classmethod
-    def create(cls, model_runner: Any, patch_on: bool) -> Optional[Fp8NativeDecode]:
+    def create(cls, model_runner: Any, patch_on: bool) -> Fp8NativeDecode | None:
         """The native decode state, or None (with one logged line saying why) for gather."""
         if not patch_on or getattr(model_runner, "kv_cache_dtype", None) not in (
             torch.float8_e4m3fn,
@@ -953,12 +780,10 @@ class Fp8NativeDecode:
         )
         return cls()
 
-    def note_plan(
-        self, wrapper: Any, kv_indptr: Optional[torch.Tensor], sm_scale: float
-    ) -> None:
+    def note_plan(self, wrapper: Any, kv_indptr: torch.Tensor | None, sm_scale: float) -> None:
         """Record what `wrapper` was planned with (kv_indptr None: not a plain decode batch)."""
         self._plans[wrapper] = None if kv_indptr is None else (kv_indptr, sm_scale)
 
-    def planned(self, wrapper: Any) -> Optional[tuple[torch.Tensor, float]]:
+    def planned(self, wrapper: Any) -> tuple[torch.Tensor, float] | None:
         """(kv_indptr, sm_scale) if `wrapper` was last planned for a plain decode batch."""
         return self._plans.get(wrapper)
