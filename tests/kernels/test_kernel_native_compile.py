@@ -35,6 +35,7 @@ CHILD = textwrap.dedent(
     spec.loader.exec_module(m)
     bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     PTRS = {"kv_ptr": "*u8", "kv_indptr_ptr": "*i32", "kv_indices_ptr": "*i32",
+            "qo_indptr_ptr": "*i32",
             "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
 
     def signature(fn, const):
@@ -75,17 +76,19 @@ CHILD = textwrap.dedent(
     out = {}
     for cc, smem in ((120, 101376), (100, 232448), (90, 232448)):
         device = fake_cuda(smem, cc // 10)
-        for heads in (8, 16):
-            cfg = m.launch_config(heads, device)
-            const = dict(HP=cfg.heads_per_program, BLOCK_N=cfg.block_n, D_PE=m.D_ROPE,
+        # Decode at 8 and 16 heads; MTP verify (4 query tokens per request) at 8.
+        for heads, qt in ((8, 1), (16, 1), (8, 4)):
+            cfg = m.launch_config(heads, device, qt)
+            const = dict(HP=cfg.heads_per_program, QT=qt, BLOCK_N=cfg.block_n, D_PE=m.D_ROPE,
                          FORM=cfg.form, ASM_CVT=True, ON_CPU=False)
             r = build(m._mla_decode_fp8_stage1, const, cc, cfg.num_warps, cfg.num_stages)
             r["smem_limit"] = smem
-            out[f"sm_{cc} stage1 heads={heads} {cfg}"] = r
-        const = dict(BLOCK_S=m.MERGE_BLOCK_S, BLOCK_D=m.MERGE_BLOCK_D)
-        r = build(m._mla_decode_fp8_merge, const, cc, 4, 1)
-        r["smem_limit"], r["cvt_e4m3"] = smem, True
-        out[f"sm_{cc} merge"] = r
+            out[f"sm_{cc} stage1 heads={heads} qt={qt} {cfg}"] = r
+        for qt in (1, 4):
+            const = dict(QT=qt, BLOCK_S=m.MERGE_BLOCK_S, BLOCK_D=m.MERGE_BLOCK_D)
+            r = build(m._mla_decode_fp8_merge, const, cc, 4, 1)
+            r["smem_limit"], r["cvt_e4m3"] = smem, True
+            out[f"sm_{cc} merge qt={qt}"] = r
     print(json.dumps(out))
     """
 )

@@ -84,35 +84,58 @@ INTERPRETER_SMS = 4
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    form: int  # FORM_KV_M (8 heads per program) or FORM_HEADS_M (16)
+    form: int  # FORM_KV_M (KV rows in the MMA's M) or FORM_HEADS_M (q rows in M)
     block_n: int  # KV rows per tile
     num_warps: int
     num_stages: int  # software-pipelining depth of the tile loads (>= 5 keeps a tile in flight)
     programs_per_sm: int  # stage-1 programs per SM (the grid is SMs x this)
     min_chunk: int = 64  # fewest cost units (tokens) a program takes
     overhead: int = 64  # cost of a request's q load and output write, in tokens
+    heads: int = 0  # heads per program; 0: the form's own (kv-M 8, heads-M 16)
 
     @property
     def heads_per_program(self) -> int:
-        return 8 if self.form == FORM_KV_M else 16
+        return self.heads or (8 if self.form == FORM_KV_M else 16)
 
 
-# Measured on an H200 with bench/fp8_decode_sweep.py (bench/results/fp8-decode-kernels/README.md
-# lists every variant tried); every configuration computes the same function. The *_SM90 ones
-# were the fastest there and need more shared memory than SM120's ~99 KB per block; the others
-# fit it (RTX PRO 6000) and compile without spills for SM100 (B200) as well.
+# Decode, measured on an H200 with bench/fp8_decode_sweep.py (bench/results/fp8-decode-kernels/
+# README.md lists every variant tried); every configuration computes the same function. The
+# *_SM90 ones were the fastest there and need more shared memory than SM120's ~99 KB per block;
+# the others fit it (RTX PRO 6000) and compile without spills for SM100 (B200) as well.
 CONFIG_KV_M_SM90 = LaunchConfig(FORM_KV_M, 64, num_warps=4, num_stages=5, programs_per_sm=1)
 CONFIG_KV_M = LaunchConfig(FORM_KV_M, 32, num_warps=4, num_stages=5, programs_per_sm=2)
 CONFIG_HEADS_M_SM90 = LaunchConfig(FORM_HEADS_M, 32, num_warps=4, num_stages=5, programs_per_sm=2)
 CONFIG_HEADS_M = LaunchConfig(FORM_HEADS_M, 32, num_warps=4, num_stages=4, programs_per_sm=2)
-# Shared memory the SM90 configurations take (ptxas, Triton 3.6, sm_90a), plus a margin.
-SM90_SHARED_BYTES = {CONFIG_KV_M_SM90: 176 * 1024, CONFIG_HEADS_M_SM90: 104 * 1024}
+# Several query tokens per request (MTP verify, draft extend): 8 heads x QT tokens per program,
+# in M. Chosen without spills by the compile check (tests/kernels/test_kernel_native_compile.py:
+# sm_90a 182 registers and 164 KB of shared memory; SM120's ~99 KB per block takes 16-row
+# tiles), then timed on the H100 (bench/fp8_decode_sweep.py --verify).
+CONFIG_MULTI_SM90 = LaunchConfig(
+    FORM_HEADS_M, 64, num_warps=8, num_stages=3, programs_per_sm=1, heads=8
+)
+CONFIG_MULTI_SM100 = LaunchConfig(
+    FORM_HEADS_M, 64, num_warps=8, num_stages=2, programs_per_sm=1, heads=8
+)
+CONFIG_MULTI = LaunchConfig(FORM_HEADS_M, 16, num_warps=4, num_stages=3, programs_per_sm=2, heads=8)
+# Shared memory the larger configurations take (ptxas, Triton 3.6), plus a margin: a device
+# with less per block takes the portable one.
+SHARED_BYTES = {
+    CONFIG_KV_M_SM90: 176 * 1024,
+    CONFIG_HEADS_M_SM90: 104 * 1024,
+    CONFIG_MULTI_SM90: 168 * 1024,
+    CONFIG_MULTI_SM100: 168 * 1024,
+}
 CONFIG_INTERPRETER = {
     form: LaunchConfig(
         form, 16, num_warps=4, num_stages=1, programs_per_sm=1, min_chunk=16, overhead=8
     )
     for form in (FORM_KV_M, FORM_HEADS_M)
 }
+# Several query tokens on the CPU: 8 heads per program, like the GPU configurations.
+CONFIG_INTERPRETER_MULTI = LaunchConfig(
+    FORM_HEADS_M, 16, num_warps=4, num_stages=1, programs_per_sm=1, min_chunk=16, overhead=8,
+    heads=8,
+)  # fmt: skip
 
 
 @triton.jit
@@ -144,20 +167,20 @@ def _power_of_two_scale(amax):
 
 
 @triton.jit
-def _load_q(q_nope_ptr, q_pe_ptr, req, heads, head_ok, s_qn_b, s_qn_h, s_qp_b, s_qp_h, qk_scale,
-            D_PE: tl.constexpr):  # fmt: skip
-    """One request's q for a head group as fp16 [H, D_BLK] blocks, and each head's score scale.
+def _load_q(q_nope_ptr, q_pe_ptr, off_n, off_p, row_ok, qk_scale, D_PE: tl.constexpr):
+    """The program's q rows (one per query token x head) as fp16 [R, D_BLK] blocks, and each
+    row's score scale. `off_n`/`off_p` are the rows' element offsets in q_nope/q_pe.
 
     The rope block is padded to D_BLK columns with zeros, like the tile's rope block.
     """
     cols = tl.arange(0, D_BLK)[None, :]
-    qn = q_nope_ptr + req * s_qn_b + heads[:, None] * s_qn_h + cols
-    mask = head_ok[:, None]
+    qn = q_nope_ptr + off_n[:, None] + cols
+    mask = row_ok[:, None]
     q0 = tl.load(qn, mask=mask, other=0.0).to(tl.float32)
     q1 = tl.load(qn + D_BLK, mask=mask, other=0.0).to(tl.float32)
     q2 = tl.load(qn + 2 * D_BLK, mask=mask, other=0.0).to(tl.float32)
     q3 = tl.load(qn + 3 * D_BLK, mask=mask, other=0.0).to(tl.float32)
-    pe = q_pe_ptr + req * s_qp_b + heads[:, None] * s_qp_h + cols
+    pe = q_pe_ptr + off_p[:, None] + cols
     qr = tl.load(pe, mask=mask & (cols < D_PE), other=0.0).to(tl.float32)
     amax = tl.maximum(tl.max(tl.abs(q0), 1), tl.max(tl.abs(q1), 1))
     amax = tl.maximum(amax, tl.maximum(tl.max(tl.abs(q2), 1), tl.max(tl.abs(q3), 1)))
@@ -204,9 +227,10 @@ def _slot_valid(kv_indices_ptr, off, hi, n_pool_rows, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def _tile_heads_m(kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, m_i, l_i,
-                  a0, a1, a2, a3, q0, q1, q2, q3, qr, row_scale, BLOCK_N: tl.constexpr,
-                  D_PE: tl.constexpr, ASM_CVT: tl.constexpr):  # fmt: skip
-    """Online-softmax update, heads in M: S = q K^T [H, N], O [H, 512] += P V."""
+                  a0, a1, a2, a3, q0, q1, q2, q3, qr, row_scale, kv_start, row_limit,
+                  BLOCK_N: tl.constexpr, D_PE: tl.constexpr, ASM_CVT: tl.constexpr,
+                  CAUSAL: tl.constexpr):  # fmt: skip
+    """Online-softmax update, q rows in M: S = q K^T [R, N], O [R, 512] += P V."""
     k0, k1, k2, k3, kr, live, corrupt = _load_tile(
         kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, BLOCK_N, D_PE, ASM_CVT
     )
@@ -216,6 +240,9 @@ def _tile_heads_m(kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, m_i, 
     s = tl.dot(q3, tl.trans(k3), s)
     s = tl.dot(qr, tl.trans(kr), s)
     s = tl.where(live[None, :], s * row_scale[:, None], float("-inf"))
+    if CAUSAL:
+        rel = off - kv_start + tl.arange(0, BLOCK_N)
+        s = tl.where(rel[None, :] <= row_limit[:, None], s, float("-inf"))
     if corrupt > 0:
         valid = _slot_valid(kv_indices_ptr, off, hi, n_pool_rows, BLOCK_N)
         s = tl.where(valid[None, :], s, float("-inf"))
@@ -236,11 +263,12 @@ def _tile_heads_m(kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, m_i, 
 
 @triton.jit
 def _tile_kv_m(kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, m_i, l_i,
-               a0, a1, a2, a3, q0, q1, q2, q3, qr, row_scale, BLOCK_N: tl.constexpr,
-               D_PE: tl.constexpr, ASM_CVT: tl.constexpr):  # fmt: skip
-    """Online-softmax update, KV rows in M: S^T = K q^T [N, H], O^T [512, H] += V^T P^T.
+               a0, a1, a2, a3, q0, q1, q2, q3, qr, row_scale, kv_start, row_limit,
+               BLOCK_N: tl.constexpr, D_PE: tl.constexpr, ASM_CVT: tl.constexpr,
+               CAUSAL: tl.constexpr):  # fmt: skip
+    """Online-softmax update, KV rows in M: S^T = K q^T [N, R], O^T [512, R] += V^T P^T.
 
-    q0..qr arrive transposed ([D_BLK, H]); a0..a3 are [D_BLK, H].
+    q0..qr arrive transposed ([D_BLK, R]); a0..a3 are [D_BLK, R].
     """
     k0, k1, k2, k3, kr, live, corrupt = _load_tile(
         kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, BLOCK_N, D_PE, ASM_CVT
@@ -251,6 +279,9 @@ def _tile_kv_m(kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, m_i, l_i
     s = tl.dot(k3, q3, s)
     s = tl.dot(kr, qr, s)
     s = tl.where(live[:, None], s * row_scale[None, :], float("-inf"))
+    if CAUSAL:
+        rel = off - kv_start + tl.arange(0, BLOCK_N)
+        s = tl.where(rel[:, None] <= row_limit[None, :], s, float("-inf"))
     if corrupt > 0:
         valid = _slot_valid(kv_indices_ptr, off, hi, n_pool_rows, BLOCK_N)
         s = tl.where(valid[:, None], s, float("-inf"))
@@ -269,34 +300,35 @@ def _tile_kv_m(kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, m_i, l_i
 
 @triton.jit
 def _tile(kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, m_i, l_i, a0, a1, a2, a3,
-          q0, q1, q2, q3, qr, row_scale, BLOCK_N: tl.constexpr, D_PE: tl.constexpr,
-          FORM: tl.constexpr, ASM_CVT: tl.constexpr):  # fmt: skip
+          q0, q1, q2, q3, qr, row_scale, kv_start, row_limit, BLOCK_N: tl.constexpr,
+          D_PE: tl.constexpr, FORM: tl.constexpr, ASM_CVT: tl.constexpr,
+          CAUSAL: tl.constexpr):  # fmt: skip
     # Both branches are written out (no early return): Triton would compile the statement
     # after a taken `return` as well, with the other form's shapes.
     if FORM == 0:
         m_i, l_i, a0, a1, a2, a3 = _tile_heads_m(
             kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, m_i, l_i, a0, a1, a2, a3,
-            q0, q1, q2, q3, qr, row_scale, BLOCK_N, D_PE, ASM_CVT,
+            q0, q1, q2, q3, qr, row_scale, kv_start, row_limit, BLOCK_N, D_PE, ASM_CVT, CAUSAL,
         )  # fmt: skip
     else:
         m_i, l_i, a0, a1, a2, a3 = _tile_kv_m(
             kv_ptr, kv_indices_ptr, off, hi, n_pool_rows, stride_kv, m_i, l_i, a0, a1, a2, a3,
-            q0, q1, q2, q3, qr, row_scale, BLOCK_N, D_PE, ASM_CVT,
+            q0, q1, q2, q3, qr, row_scale, kv_start, row_limit, BLOCK_N, D_PE, ASM_CVT, CAUSAL,
         )  # fmt: skip
     return m_i, l_i, a0, a1, a2, a3
 
 
 @triton.jit
-def _store_rows(dest, a0, a1, a2, a3, inv_l, head_ok, FORM: tl.constexpr):
-    """Each head's 512 outputs (a0..a3 / l) to its row pointer in `dest`."""
+def _store_rows(dest, a0, a1, a2, a3, inv_l, row_ok, FORM: tl.constexpr):
+    """Each q row's 512 outputs (a0..a3 / l) to its row pointer in `dest`."""
     d = tl.arange(0, D_BLK)
     if FORM == 0:
         ptr = dest[:, None] + d[None, :]
-        mask = head_ok[:, None]
+        mask = row_ok[:, None]
         inv = inv_l[:, None]
     else:
         ptr = dest[None, :] + d[:, None]
-        mask = head_ok[None, :]
+        mask = row_ok[None, :]
         inv = inv_l[None, :]
     ty = dest.dtype.element_ty
     tl.store(ptr, (a0 * inv).to(ty), mask=mask)
@@ -307,31 +339,37 @@ def _store_rows(dest, a0, a1, a2, a3, inv_l, head_ok, FORM: tl.constexpr):
 
 @triton.jit
 def _segment(q_nope_ptr, q_pe_ptr, kv_ptr, kv_indices_ptr, out_ptr, part_out_ptr, part_lse_ptr,
-             req, kv_lo, kv_hi, whole, slot, heads, head_ok, h_total, qk_scale, n_pool_rows,
-             s_qn_b, s_qn_h, s_qp_b, s_qp_h, stride_kv, s_o_b, s_o_h, HP: tl.constexpr,
-             BLOCK_N: tl.constexpr, D_PE: tl.constexpr, FORM: tl.constexpr,
-             ASM_CVT: tl.constexpr, ON_CPU: tl.constexpr):  # fmt: skip
-    """Attend one request over slot positions [kv_lo, kv_hi); write its output or a partial."""
+             q_lo, q_len, kv_start, kv_len, kv_lo, kv_hi, whole, slot, t_row, head_row, row_ok,
+             h_total, qk_scale, n_pool_rows, s_qn_b, s_qn_h, s_qp_b, s_qp_h, stride_kv, s_o_b,
+             s_o_h, R: tl.constexpr, QT: tl.constexpr, BLOCK_N: tl.constexpr,
+             D_PE: tl.constexpr, FORM: tl.constexpr, ASM_CVT: tl.constexpr,
+             ON_CPU: tl.constexpr):  # fmt: skip
+    """Attend one request's q rows over slot positions [kv_lo, kv_hi); write its output or a
+    partial. Query token t of a request with q_len tokens and kv_len slots sees the slots at
+    positions 0 .. kv_len - q_len + t (causal, aligned to the end; decode: every slot)."""
+    token = (q_lo + t_row).to(tl.int64)
     q0, q1, q2, q3, qr, row_scale = _load_q(
-        q_nope_ptr, q_pe_ptr, req, heads, head_ok, s_qn_b, s_qn_h, s_qp_b, s_qp_h, qk_scale, D_PE
-    )
-    m_i = tl.full([HP], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([HP], dtype=tl.float32)
+        q_nope_ptr, q_pe_ptr, token * s_qn_b + head_row * s_qn_h,
+        token * s_qp_b + head_row * s_qp_h, row_ok, qk_scale, D_PE,
+    )  # fmt: skip
+    row_limit = kv_len - q_len + t_row  # the last slot position each row may see
+    m_i = tl.full([R], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([R], dtype=tl.float32)
     if FORM == 0:
-        a0 = tl.zeros([HP, D_BLK], dtype=tl.float32)
-        a1 = tl.zeros([HP, D_BLK], dtype=tl.float32)
-        a2 = tl.zeros([HP, D_BLK], dtype=tl.float32)
-        a3 = tl.zeros([HP, D_BLK], dtype=tl.float32)
+        a0 = tl.zeros([R, D_BLK], dtype=tl.float32)
+        a1 = tl.zeros([R, D_BLK], dtype=tl.float32)
+        a2 = tl.zeros([R, D_BLK], dtype=tl.float32)
+        a3 = tl.zeros([R, D_BLK], dtype=tl.float32)
     else:
         q0 = tl.trans(q0)
         q1 = tl.trans(q1)
         q2 = tl.trans(q2)
         q3 = tl.trans(q3)
         qr = tl.trans(qr)
-        a0 = tl.zeros([D_BLK, HP], dtype=tl.float32)
-        a1 = tl.zeros([D_BLK, HP], dtype=tl.float32)
-        a2 = tl.zeros([D_BLK, HP], dtype=tl.float32)
-        a3 = tl.zeros([D_BLK, HP], dtype=tl.float32)
+        a0 = tl.zeros([D_BLK, R], dtype=tl.float32)
+        a1 = tl.zeros([D_BLK, R], dtype=tl.float32)
+        a2 = tl.zeros([D_BLK, R], dtype=tl.float32)
+        a3 = tl.zeros([D_BLK, R], dtype=tl.float32)
     if ON_CPU:
         # The interpreter cannot take a device-loaded bound in range() (Triton 3.6 with
         # numpy >= 2.3); a `while` runs the same iterations over the same tile body.
@@ -339,7 +377,8 @@ def _segment(q_nope_ptr, q_pe_ptr, kv_ptr, kv_indices_ptr, out_ptr, part_out_ptr
         while off < kv_hi:
             m_i, l_i, a0, a1, a2, a3 = _tile(
                 kv_ptr, kv_indices_ptr, off, kv_hi, n_pool_rows, stride_kv, m_i, l_i,
-                a0, a1, a2, a3, q0, q1, q2, q3, qr, row_scale, BLOCK_N, D_PE, FORM, ASM_CVT,
+                a0, a1, a2, a3, q0, q1, q2, q3, qr, row_scale, kv_start, row_limit,
+                BLOCK_N, D_PE, FORM, ASM_CVT, QT > 1,
             )  # fmt: skip
             off += BLOCK_N
     else:
@@ -348,22 +387,27 @@ def _segment(q_nope_ptr, q_pe_ptr, kv_ptr, kv_indices_ptr, out_ptr, part_out_ptr
         for off in range(kv_lo, kv_hi, BLOCK_N):
             m_i, l_i, a0, a1, a2, a3 = _tile(
                 kv_ptr, kv_indices_ptr, off, kv_hi, n_pool_rows, stride_kv, m_i, l_i,
-                a0, a1, a2, a3, q0, q1, q2, q3, qr, row_scale, BLOCK_N, D_PE, FORM, ASM_CVT,
+                a0, a1, a2, a3, q0, q1, q2, q3, qr, row_scale, kv_start, row_limit,
+                BLOCK_N, D_PE, FORM, ASM_CVT, QT > 1,
             )  # fmt: skip
 
     # Every segment holds at least one row, so l_i >= 1 unless a NaN reached it: dividing
     # without a guard keeps that NaN (a guard like `l_i > 0` would turn it into zeros).
     inv_l = 1.0 / (l_i * P_SCALE)
+    if QT > 1:
+        # A causal row may see no slot of a segment cut from its request's end: by position,
+        # not by value (a NaN that reached l_i must stay NaN), its partial is zero with LSE -inf.
+        inv_l = tl.where(row_limit >= kv_lo - kv_start, inv_l, 0.0)
     # (The row pointers are passed inline: Triton types a name bound in both branches once,
     # and these point to bf16 in one branch and to fp32 in the other.)
     if whole:
-        out_rows = out_ptr + (req * s_o_b + heads * s_o_h).to(tl.int64)
-        _store_rows(out_rows, a0, a1, a2, a3, inv_l, head_ok, FORM)
+        out_rows = out_ptr + token * s_o_b + head_row * s_o_h
+        _store_rows(out_rows, a0, a1, a2, a3, inv_l, row_ok, FORM)
     else:
-        part_row = slot * h_total + heads
+        part_row = (slot * QT + t_row) * h_total + head_row
         _store_rows(part_out_ptr + part_row.to(tl.int64) * LATENT, a0, a1, a2, a3, inv_l,
-                    head_ok, FORM)  # fmt: skip
-        tl.store(part_lse_ptr + part_row, m_i + tl.log2(l_i), mask=head_ok)
+                    row_ok, FORM)  # fmt: skip
+        tl.store(part_lse_ptr + part_row, m_i + tl.log2(l_i), mask=row_ok)
 
 
 @triton.jit
@@ -371,6 +415,18 @@ def _chunk_of(kv_indptr_ptr, batch, num_programs, min_chunk, overhead):
     """Cost units per program: the step's total cost (tokens + overhead per request) / grid."""
     total = tl.load(kv_indptr_ptr + batch) + batch * overhead
     return tl.maximum(tl.cdiv(total, num_programs), min_chunk), total
+
+
+@triton.jit
+def _queries_of(qo_indptr_ptr, req, QT: tl.constexpr):
+    """(first query token, query tokens) of a request: one each in decode (QT == 1)."""
+    if QT == 1:
+        q_lo = req
+        q_len = 1
+    else:
+        q_lo = tl.load(qo_indptr_ptr + req)
+        q_len = tl.load(qo_indptr_ptr + req + 1) - q_lo
+    return q_lo, q_len
 
 
 # Lengths and counts are not specialised on (batch 1 or a multiple of 16 would each compile
@@ -382,9 +438,10 @@ def _mla_decode_fp8_stage1(
     kv_ptr,  # uint8 view of the FP8 e4m3 pool, rows of 512 + D_PE bytes
     kv_indptr_ptr,
     kv_indices_ptr,
-    out_ptr,  # bf16 [B, H, 512]: requests a program covers whole
-    part_out_ptr,  # fp32 [2 * programs, h_total, 512]: requests cut by a chunk border
-    part_lse_ptr,  # fp32 [2 * programs, h_total] (log2 domain)
+    qo_indptr_ptr,  # int32 [batch + 1]: each request's query tokens (read only when QT > 1)
+    out_ptr,  # bf16 [tokens, H, 512]: requests a program covers whole
+    part_out_ptr,  # fp32 [2 * programs * QT, h_total, 512]: requests cut by a chunk border
+    part_lse_ptr,  # fp32 [2 * programs * QT, h_total] (log2 domain)
     qk_scale,  # sm_scale * log2(e)
     batch,
     num_heads,
@@ -398,19 +455,25 @@ def _mla_decode_fp8_stage1(
     stride_kv,
     stride_o_b,
     stride_o_h,
-    HP: tl.constexpr,  # heads per program (the padded MMA dimension they occupy)
+    HP: tl.constexpr,  # heads per program
+    QT: tl.constexpr,  # query tokens per request the program holds (power of two, >= q_len)
     BLOCK_N: tl.constexpr,
     D_PE: tl.constexpr,
     FORM: tl.constexpr,
     ASM_CVT: tl.constexpr,  # convert with inline PTX (GPU) instead of tl casts (interpreter)
     ON_CPU: tl.constexpr,  # running under TRITON_INTERPRET=1
 ):
-    prog = tl.program_id(0)
-    group = tl.program_id(1)
-    num_programs = tl.num_programs(0)
-    h_total = tl.num_programs(1) * HP
-    heads = group * HP + tl.arange(0, HP)
-    head_ok = heads < num_heads
+    # Head groups vary fastest across the grid, so the programs that read one chunk's KV
+    # rows for different heads run side by side and share those rows in L2.
+    group = tl.program_id(0)
+    prog = tl.program_id(1)
+    num_programs = tl.num_programs(1)
+    h_total = tl.num_programs(0) * HP
+    # Row r of the program's MMA operand is (query token r // HP, head r % HP).
+    rows = tl.arange(0, QT * HP)
+    t_row = rows // HP
+    head_row = group * HP + rows % HP
+    head_ok = head_row < num_heads
     chunk, total = _chunk_of(kv_indptr_ptr, batch, num_programs, min_chunk, overhead)
     c0 = prog * chunk
     c1 = tl.minimum(c0 + chunk, total)
@@ -433,15 +496,17 @@ def _mla_decode_fp8_stage1(
             t_lo = tl.minimum(tl.maximum(c0 - first, 0), kv_len)
             t_hi = tl.minimum(tl.maximum(c1 - first, 0), kv_len)
             if t_lo < t_hi:
+                q_lo, q_len = _queries_of(qo_indptr_ptr, req, QT)
                 # Slot 2p: the segment starts at this chunk's start (the request began in an
                 # earlier chunk); 2p + 1: it is cut at this chunk's end only.
                 slot = 2 * prog + tl.where(first <= c0, 0, 1)
                 _segment(
                     q_nope_ptr, q_pe_ptr, kv_ptr, kv_indices_ptr, out_ptr, part_out_ptr,
-                    part_lse_ptr, req, kv_start + t_lo, kv_start + t_hi,
-                    (t_lo == 0) & (t_hi == kv_len), slot, heads, head_ok, h_total, qk_scale,
-                    n_pool_rows, stride_qn_b, stride_qn_h, stride_qp_b, stride_qp_h, stride_kv,
-                    stride_o_b, stride_o_h, HP, BLOCK_N, D_PE, FORM, ASM_CVT, ON_CPU,
+                    part_lse_ptr, q_lo, q_len, kv_start, kv_len, kv_start + t_lo,
+                    kv_start + t_hi, (t_lo == 0) & (t_hi == kv_len), slot, t_row, head_row,
+                    head_ok & (t_row < q_len), h_total, qk_scale, n_pool_rows, stride_qn_b,
+                    stride_qn_h, stride_qp_b, stride_qp_h, stride_kv, stride_o_b, stride_o_h,
+                    QT * HP, QT, BLOCK_N, D_PE, FORM, ASM_CVT, ON_CPU,
                 )  # fmt: skip
             req += 1
             kv_start = kv_end
@@ -452,6 +517,7 @@ def _mla_decode_fp8_merge(
     part_out_ptr,
     part_lse_ptr,
     kv_indptr_ptr,
+    qo_indptr_ptr,
     out_ptr,
     batch,
     num_programs,
@@ -460,17 +526,36 @@ def _mla_decode_fp8_merge(
     h_total,
     stride_o_b,
     stride_o_h,
+    QT: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    req = tl.program_id(0)
+    token = tl.program_id(0)
     head = tl.program_id(1)
     d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
-    out = out_ptr + req * stride_o_b + head * stride_o_h + d
+    out = out_ptr + token.to(tl.int64) * stride_o_b + head * stride_o_h + d
+    if QT == 1:
+        req = token
+        t = 0
+        q_len = 1
+    else:
+        # The request whose query tokens hold this one: the last b with qo_indptr[b] <= token.
+        lo = 0
+        hi = batch
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if tl.load(qo_indptr_ptr + mid) <= token:
+                lo = mid
+            else:
+                hi = mid
+        req = lo
+        t = token - tl.load(qo_indptr_ptr + req)
+        q_len = tl.load(qo_indptr_ptr + req + 1) - tl.load(qo_indptr_ptr + req)
     kv_start = tl.load(kv_indptr_ptr + req)
     kv_len = tl.load(kv_indptr_ptr + req + 1) - kv_start
-    if kv_len == 0:
-        tl.store(out, tl.zeros([BLOCK_D], dtype=out_ptr.dtype.element_ty))  # defined as zeros
+    if (kv_len == 0) | (t >= q_len):
+        # An empty request, or a token past the last request (graph padding): defined as zeros.
+        tl.store(out, tl.zeros([BLOCK_D], dtype=out_ptr.dtype.element_ty))
     else:
         # The same geometry as stage 1: the programs whose chunks hold this request's tokens.
         chunk, _ = _chunk_of(kv_indptr_ptr, batch, num_programs, min_chunk, overhead)
@@ -489,7 +574,8 @@ def _mla_decode_fp8_merge(
             while k0 < n_parts:
                 k = k0 + offs
                 used = k < n_parts
-                row = (2 * (p_lo + k) + tl.where(k == 0, odd, 0)) * h_total + head
+                slot = 2 * (p_lo + k) + tl.where(k == 0, odd, 0)
+                row = (slot * QT + t) * h_total + head
                 lse = tl.load(part_lse_ptr + row, mask=used, other=float("-inf"))
                 part = tl.load(
                     part_out_ptr + row.to(tl.int64)[:, None] * LATENT + d[None, :],
@@ -497,10 +583,13 @@ def _mla_decode_fp8_merge(
                     other=0.0,
                 )
                 m_new = tl.maximum(m, tl.max(lse, 0))
+                # A causal token may see no slot of some parts (LSE -inf, weight 0); keep the
+                # exponents finite while every part so far is such a one.
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
                 # A NaN lse is skipped by the max above but poisons its own weight below, so
                 # the output is NaN, as through the upstream cast.
-                w = tl.where(used, tl.exp2(lse - m_new), 0.0)
-                rescale = tl.exp2(m - m_new)
+                w = tl.where(used, tl.exp2(lse - m_safe), 0.0)
+                rescale = tl.exp2(m - m_safe)
                 acc = acc * rescale + tl.sum(part * w[:, None], 0)
                 w_sum = w_sum * rescale + tl.sum(w, 0)
                 m = m_new
@@ -574,39 +663,49 @@ def _device_info(device: torch.device) -> tuple[int, int, int]:
     return _DEVICE_INFO[index]
 
 
-def launch_config(num_heads: int, device: torch.device) -> LaunchConfig:
-    """The configuration for a head count on a device (host-side: graph-stable)."""
+def launch_config(num_heads: int, device: torch.device, q_tokens: int = 1) -> LaunchConfig:
+    """The configuration for a head count and query tokens per request (QT) on a device
+    (host-side: graph-stable)."""
+    multi = q_tokens > 1
     form = FORM_KV_M if num_heads <= 8 else FORM_HEADS_M
     if device.type != "cuda":
-        return CONFIG_INTERPRETER[form]
-    sm90, portable = (
-        (CONFIG_KV_M_SM90, CONFIG_KV_M)
-        if form == FORM_KV_M
-        else (CONFIG_HEADS_M_SM90, CONFIG_HEADS_M)
-    )
+        return CONFIG_INTERPRETER_MULTI if multi else CONFIG_INTERPRETER[form]
     _, shared, major = _device_info(device)
-    return sm90 if major == 9 and shared >= SM90_SHARED_BYTES[sm90] else portable
+    if multi:
+        large = {9: CONFIG_MULTI_SM90, 10: CONFIG_MULTI_SM100}.get(major)
+        portable = CONFIG_MULTI
+    elif form == FORM_KV_M:
+        large, portable = (CONFIG_KV_M_SM90 if major == 9 else None), CONFIG_KV_M
+    else:
+        large, portable = (CONFIG_HEADS_M_SM90 if major == 9 else None), CONFIG_HEADS_M
+    return large if large is not None and shared >= SHARED_BYTES[large] else portable
 
 
 def num_programs_for(device: torch.device, config: LaunchConfig) -> int:
-    """Stage-1 grid size: fixed per device and configuration, whatever the batch."""
+    """Stage-1 programs per head group: fixed per device and configuration, whatever the batch."""
     sms = _device_info(device)[0] if device.type == "cuda" else INTERPRETER_SMS
     return sms * config.programs_per_sm
 
 
+def query_tokens(max_q_len: int) -> int:
+    """QT: the query tokens per request a program holds (a power of two >= max_q_len)."""
+    return 1 << max(0, (max_q_len - 1).bit_length())
+
+
 class _Workspaces:
-    """Partial-result buffers, one per (device, programs, head rows), kept for the process.
+    """Partial-result buffers, one per (device, programs, rows per slot), kept for the process.
 
     A CUDA graph captured with a buffer keeps its address: replacing the buffer by a larger one
     would leave the graph writing into freed memory. The size does not depend on the batch, so
-    a process needs one buffer per device and head layout, and none is ever freed.
+    a process needs one buffer per device and row layout (decode; a multi-token path), and none
+    is ever freed.
     """
 
     def __init__(self) -> None:
         self._buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def get(self, device: torch.device, programs: int, h_total: int):
-        key = (device.type, device.index, programs, h_total)
+    def get(self, device: torch.device, programs: int, slot_rows: int):
+        key = (device.type, device.index, programs, slot_rows)
         found = self._buffers.get(key)
         if found is not None:
             return found
@@ -616,7 +715,7 @@ class _Workspaces:
             raise RuntimeError(
                 "glmserve native fp8 decode: workspace first requested inside CUDA-graph capture"
             )
-        rows = 2 * programs * h_total
+        rows = 2 * programs * slot_rows
         found = (
             torch.empty((rows, D_LATENT), dtype=torch.float32, device=device),
             torch.empty((rows,), dtype=torch.float32, device=device),
@@ -641,16 +740,27 @@ def mla_decode_fp8(
     sm_scale: float,
     out: torch.Tensor,
     *,
+    qo_indptr: torch.Tensor | None = None,
+    max_q_len: int = 1,
     config: LaunchConfig | None = None,
     num_programs: int | None = None,
 ) -> torch.Tensor:
-    """MLA decode attention over an FP8 e4m3 KV pool, one query token per request.
+    """MLA attention over an FP8 e4m3 KV pool: decode, or several causal query tokens per
+    request (speculative target verify, draft extend).
 
-    ``q_nope`` [B, H, 512] and ``q_pe`` [B, H, 64] bf16; ``kv_pool`` [slots, 1, 576] (or
-    [slots, 576]) float8_e4m3fn whose first 512 columns are the latent (also V) and last 64
-    the rope part; request ``b`` attends to slots ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``
-    (int32); ``out`` [B, H, 512] bf16 receives the result and is returned. An empty request
-    gets zeros. No host sync and, after the first call on a device, no allocation.
+    ``q_nope`` [T, H, 512] and ``q_pe`` [T, H, 64] bf16, one row per query token; ``kv_pool``
+    [slots, 1, 576] (or [slots, 576]) float8_e4m3fn whose first 512 columns are the latent
+    (also V) and last 64 the rope part; request ``b`` attends to slots
+    ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]`` (int32); ``out`` [T, H, 512] bf16 receives the
+    result and is returned.
+
+    Decode (``qo_indptr`` None): token ``b`` is request ``b``'s one query and sees every slot.
+    With ``qo_indptr`` (int32 [batch + 1]), request ``b`` owns tokens
+    ``qo_indptr[b]:qo_indptr[b+1]``, at most ``max_q_len`` of them (the caller's bound, known
+    on the host), and its token ``t`` of ``q_len`` sees slot positions ``0 .. kv_len - q_len +
+    t`` (causal, aligned to the end, as FlashInfer's causal paged plan). An empty request, or a
+    token no request owns, gets zeros. No host sync and, after the first call on a device with
+    a row layout, no allocation.
     """
     if kv_pool.dtype != torch.float8_e4m3fn:
         raise TypeError(f"kv_pool must be float8_e4m3fn, got {kv_pool.dtype}")
@@ -658,13 +768,13 @@ def mla_decode_fp8(
         if t.dtype != torch.bfloat16:
             raise TypeError(f"{name} must be bfloat16, got {t.dtype}")
         if t.dim() != 3 or t.stride(-1) != 1:
-            raise ValueError(f"{name} must be [B, H, D] with contiguous D")
-    batch, heads, d_lat = q_nope.shape
+            raise ValueError(f"{name} must be [T, H, D] with contiguous D")
+    tokens, heads, d_lat = q_nope.shape
     d_pe = q_pe.shape[-1]
     if d_lat != D_LATENT or d_pe != D_ROPE:
         raise ValueError(f"expects {D_LATENT}+{D_ROPE} dims, got {d_lat}+{d_pe}")
-    if tuple(q_pe.shape[:2]) != (batch, heads) or tuple(out.shape) != (batch, heads, d_lat):
-        raise ValueError("q_nope, q_pe and out disagree on [B, H]")
+    if tuple(q_pe.shape[:2]) != (tokens, heads) or tuple(out.shape) != (tokens, heads, d_lat):
+        raise ValueError("q_nope, q_pe and out disagree on [T, H]")
     n_rows = kv_pool.shape[0]
     if kv_pool.shape[1:] not in ((D_LATENT + D_ROPE,), (1, D_LATENT + D_ROPE)) or (
         kv_pool.stride(-1) != 1
@@ -672,27 +782,40 @@ def mla_decode_fp8(
         raise ValueError(f"kv_pool rows must be {D_LATENT + D_ROPE} contiguous bytes")
     if kv_indptr.dtype != torch.int32 or kv_indices.dtype != torch.int32:
         raise TypeError("kv_indptr and kv_indices must be int32")
+    if qo_indptr is None:
+        if max_q_len != 1:
+            raise ValueError("max_q_len > 1 needs qo_indptr")
+        batch = tokens
+    else:
+        if qo_indptr.dtype != torch.int32 or qo_indptr.dim() != 1 or qo_indptr.numel() < 1:
+            raise TypeError("qo_indptr must be a 1-D int32 tensor of batch + 1 entries")
+        if max_q_len < 1:
+            raise ValueError(f"max_q_len must be at least 1, got {max_q_len}")
+        batch = qo_indptr.numel() - 1
     if kv_indptr.numel() < batch + 1:
         raise ValueError(f"kv_indptr has {kv_indptr.numel()} entries, needs {batch + 1}")
-    if batch == 0 or heads == 0:
+    if batch == 0 or tokens == 0 or heads == 0:
         return out
 
     device = q_nope.device
     on_gpu = device.type == "cuda"
-    cfg = config or launch_config(heads, device)
+    qt = query_tokens(max_q_len)
+    cfg = config or launch_config(heads, device, qt)
     hp = cfg.heads_per_program
     groups = -(-heads // hp)
     programs = num_programs or num_programs_for(device, cfg)
-    part_out, part_lse = WORKSPACES.get(device, programs, groups * hp)
+    part_out, part_lse = WORKSPACES.get(device, programs, qt * groups * hp)
     pool = kv_pool.view(torch.uint8)
+    # Decode reads no qo_indptr (QT == 1): any int32 pointer stands in.
+    qo = kv_indptr if qo_indptr is None else qo_indptr
     _launch(
         _mla_decode_fp8_stage1,
-        (programs, groups, 1),
-        (q_nope, q_pe, pool, kv_indptr, kv_indices, out, part_out, part_lse,
+        (groups, programs, 1),
+        (q_nope, q_pe, pool, kv_indptr, kv_indices, qo, out, part_out, part_lse,
          sm_scale * LOG2E, batch, heads, n_rows, cfg.min_chunk, cfg.overhead,
          q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), pool.stride(0),
          out.stride(0), out.stride(1)),
-        dict(HP=hp, BLOCK_N=cfg.block_n, D_PE=D_ROPE, FORM=cfg.form, ASM_CVT=on_gpu,
+        dict(HP=hp, QT=qt, BLOCK_N=cfg.block_n, D_PE=D_ROPE, FORM=cfg.form, ASM_CVT=on_gpu,
              ON_CPU=not on_gpu),
         cfg.num_warps,
         cfg.num_stages,
@@ -700,10 +823,10 @@ def mla_decode_fp8(
     )  # fmt: skip
     _launch(
         _mla_decode_fp8_merge,
-        (batch, heads, D_LATENT // MERGE_BLOCK_D),
-        (part_out, part_lse, kv_indptr, out, batch, programs, cfg.min_chunk, cfg.overhead,
+        (tokens, heads, D_LATENT // MERGE_BLOCK_D),
+        (part_out, part_lse, kv_indptr, qo, out, batch, programs, cfg.min_chunk, cfg.overhead,
          groups * hp, out.stride(0), out.stride(1)),
-        dict(BLOCK_S=MERGE_BLOCK_S, BLOCK_D=MERGE_BLOCK_D),
+        dict(QT=qt, BLOCK_S=MERGE_BLOCK_S, BLOCK_D=MERGE_BLOCK_D),
         4,
         1,
         on_gpu,
