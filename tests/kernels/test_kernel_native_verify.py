@@ -196,3 +196,16 @@ def test_multi_token_configurations_per_device(native, monkeypatch):
         assert native.launch_config(16, cuda, 4).heads_per_program == 8
     assert native.query_tokens(1) == 1 and native.query_tokens(3) == 4
     assert native.query_tokens(4) == 4 and native.query_tokens(5) == 8
+
+
+def test_a_token_past_the_callers_bound_is_nan_not_silently_wrong(native):
+    """max_q_len is the host's bound (SGLang's draft tokens); a request holding more tokens
+    than that gets NaN for the tokens the programs never held, the others stay right."""
+    gen = torch.Generator().manual_seed(6)
+    inputs = batch(native, [70], [5], 8, gen)
+    pool, kv_indptr, qo_indptr, idx, q_nope, q_pe = inputs
+    ref = fp64_causal_attention(torch, q_nope, q_pe, pool, qo_indptr, kv_indptr, idx, SM_SCALE)
+    for programs in (1, 5):
+        out = run(native, inputs, 4, config(native, "heads-m"), programs)
+        assert torch.isnan(out[4]).all(), programs
+        assert worst_error(out[:4], ref[:4]) < REL_TOL, programs

@@ -553,7 +553,11 @@ def _mla_decode_fp8_merge(
         q_len = tl.load(qo_indptr_ptr + req + 1) - tl.load(qo_indptr_ptr + req)
     kv_start = tl.load(kv_indptr_ptr + req)
     kv_len = tl.load(kv_indptr_ptr + req + 1) - kv_start
-    if (kv_len == 0) | (t >= q_len):
+    if (t < q_len) & (t >= QT):
+        # A request with more query tokens than the caller's bound: stage 1 never computed
+        # this one. Loud, not silently wrong.
+        tl.store(out, tl.full([BLOCK_D], float("nan"), dtype=out_ptr.dtype.element_ty))
+    elif (kv_len == 0) | (t >= q_len):
         # An empty request, or a token past the last request (graph padding): defined as zeros.
         tl.store(out, tl.zeros([BLOCK_D], dtype=out_ptr.dtype.element_ty))
     else:
@@ -872,15 +876,27 @@ def _announce(line: str) -> None:
         logger.info(line)
 
 
-class Fp8NativeDecode:
-    """Per-backend state: the kv_indptr and sm_scale each decode wrapper was last planned with.
+def speculative_tokens(model_runner: Any) -> int:
+    """The most query tokens a speculative batch holds per request (target verify: the draft
+    tokens; draft extend: the accepted ones plus one, no more), 1 without speculation."""
+    args = getattr(model_runner, "server_args", None)
+    return max(1, int(getattr(args, "speculative_num_draft_tokens", None) or 1))
 
-    A wrapper planned for a speculative (EAGLE) batch is recorded as None and keeps the
-    gather-then-cast path, as does everything but plain decode.
+
+class Fp8NativeDecode:
+    """Per-backend state: what each wrapper was last planned with, for the native kernel.
+
+    A decode wrapper records (kv_indptr, sm_scale, None, 1). A wrapper planned for a
+    speculative batch of several causal query tokens per request (target verify, draft extend)
+    records (kv_indptr, sm_scale, qo_indptr, max_q_len). A wrapper recorded as None keeps the
+    gather-then-cast path, as does every other extend (prefill).
     """
 
-    def __init__(self) -> None:
-        self._plans: weakref.WeakKeyDictionary[Any, tuple[torch.Tensor, float] | None] = (
+    def __init__(self, max_spec_tokens: int = 1) -> None:
+        self.max_spec_tokens = max_spec_tokens
+        self._plans: weakref.WeakKeyDictionary[Any, tuple | None] = weakref.WeakKeyDictionary()
+        # Per wrapper: device buffers that hold a speculative plan's indptrs (see note_plan).
+        self._indptr_bufs: weakref.WeakKeyDictionary[Any, torch.Tensor] = (
             weakref.WeakKeyDictionary()
         )
 
@@ -897,16 +913,62 @@ class Fp8NativeDecode:
         if reason:
             _announce(f"glmserve FP8 KV decode: gather-then-cast + FlashInfer ({reason})")
             return None
+        spec = speculative_tokens(model_runner)
         _announce(
-            "glmserve FP8 KV decode: native FP8 kernel (fp8_mla_decode.py); "
-            "prefill/extend: gather-then-cast + FlashInfer"
+            "glmserve FP8 KV decode: native FP8 kernel (fp8_mla_decode.py)"
+            + (f", speculative verify/draft extend too (<= {spec} tokens per request)" if spec > 1
+               else "")
+            + "; prefill/extend: gather-then-cast + FlashInfer"
+        )  # fmt: skip
+        return cls(spec)
+
+    def note_plan(
+        self,
+        wrapper: Any,
+        kv_indptr: torch.Tensor | None,
+        sm_scale: float,
+        qo_indptr: torch.Tensor | None = None,
+        max_q_len: int = 1,
+    ) -> None:
+        """Record what `wrapper` was planned with (kv_indptr None: the gather path serves it).
+        Called after every plan, outside CUDA graphs.
+
+        Decode passes a view of a persistent kv_indptr buffer, which a captured graph reads
+        as is. A speculative batch passes `qo_indptr` and the host-known bound `max_q_len`; its
+        indptrs are tensors SGLang builds anew for every plan (on the host or the device), so
+        they are copied into device buffers this wrapper keeps for its life, the ones a graph
+        captured with it reads. The kernel writes NaN for a token past `max_q_len`."""
+        if kv_indptr is not None and qo_indptr is not None:
+            kv_indptr, qo_indptr = self._stable_indptrs(wrapper, kv_indptr, qo_indptr)
+        self._plans[wrapper] = (
+            None if kv_indptr is None else (kv_indptr, sm_scale, qo_indptr, max_q_len)
         )
-        return cls()
 
-    def note_plan(self, wrapper: Any, kv_indptr: torch.Tensor | None, sm_scale: float) -> None:
-        """Record what `wrapper` was planned with (kv_indptr None: not a plain decode batch)."""
-        self._plans[wrapper] = None if kv_indptr is None else (kv_indptr, sm_scale)
+    def _stable_indptrs(
+        self, wrapper: Any, kv_indptr: torch.Tensor, qo_indptr: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        n = kv_indptr.numel()
+        if qo_indptr.numel() != n:
+            raise ValueError(f"qo_indptr has {qo_indptr.numel()} entries, kv_indptr {n}")
+        buf = self._indptr_bufs.get(wrapper)
+        if buf is None or buf.shape[1] < n:
+            if buf is not None and getattr(wrapper, "_use_cuda_graph", False):
+                # A graph captured with this wrapper reads the old buffer: never replace it.
+                raise RuntimeError(
+                    f"glmserve native fp8: a CUDA-graph wrapper planned {n - 1} requests, more "
+                    f"than the {buf.shape[1] - 1} it was captured with"
+                )
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("glmserve native fp8: speculative plan inside graph capture")
+            device = getattr(wrapper, "device", None) or kv_indptr.device
+            size = n if getattr(wrapper, "_use_cuda_graph", False) else 1 << (n - 1).bit_length()
+            buf = torch.zeros((2, size), dtype=torch.int32, device=device)
+            self._indptr_bufs[wrapper] = buf
+        buf[0, :n].copy_(kv_indptr, non_blocking=True)
+        buf[1, :n].copy_(qo_indptr, non_blocking=True)
+        return buf[0, :n], buf[1, :n]
 
-    def planned(self, wrapper: Any) -> tuple[torch.Tensor, float] | None:
-        """(kv_indptr, sm_scale) if `wrapper` was last planned for a plain decode batch."""
+    def planned(self, wrapper: Any) -> tuple | None:
+        """(kv_indptr, sm_scale, qo_indptr, max_q_len) of `wrapper`'s last plan if the native
+        kernel serves it (qo_indptr None: decode)."""
         return self._plans.get(wrapper)
