@@ -52,9 +52,7 @@ def test_an_unedited_work_area_reproduces_the_committed_patch(tmp_path, patches)
     assert committed.read_bytes() == before
 
 
-def test_edits_to_real_files_become_the_new_diff(
-    tmp_path, patches, make_site, capsys, monkeypatch
-):
+def test_edits_to_real_files_become_the_new_diff(tmp_path, patches, make_site, capsys, monkeypatch):
     """Edit b/ (the wiring) and a kernel's one source, diff, regen: the lock follows and apply
     ships exactly the edited wiring and the source's kernel bytes."""
     kernels_dir = tmp_path / "kernels"

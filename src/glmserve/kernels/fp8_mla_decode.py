@@ -803,7 +803,8 @@ def mla_decode_fp8(
 
     device = q_nope.device
     on_gpu = device.type == "cuda"
-    qt = query_tokens(max_q_len)
+    # QT == 1 is decode (no qo_indptr read); a speculative batch holds at least two rows.
+    qt = 1 if qo_indptr is None else max(2, query_tokens(max_q_len))
     cfg = config or launch_config(heads, device, qt)
     hp = cfg.heads_per_program
     groups = -(-heads // hp)
