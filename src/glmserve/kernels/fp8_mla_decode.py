@@ -556,7 +556,8 @@ def _mla_decode_fp8_merge(
     if (t < q_len) & (t >= QT):
         # A request with more query tokens than the caller's bound: stage 1 never computed
         # this one. Loud, not silently wrong.
-        tl.store(out, tl.full([BLOCK_D], float("nan"), dtype=out_ptr.dtype.element_ty))
+        nan = tl.full([BLOCK_D], float("nan"), dtype=tl.float32)
+        tl.store(out, nan.to(out_ptr.dtype.element_ty))
     elif (kv_len == 0) | (t >= q_len):
         # An empty request, or a token past the last request (graph padding): defined as zeros.
         tl.store(out, tl.zeros([BLOCK_D], dtype=out_ptr.dtype.element_ty))
