@@ -459,7 +459,8 @@ def validate(profile: Profile, inputs: Inputs, host: Host, dry_run: bool) -> Val
     """The model, SGLang and its patch, the argv, the switches and the cache dir, in the order
     the refusals are most useful; nothing starts."""
     environ = host.environ
-    model_config = checks.check_model(profile, inputs.model_path)
+    sglang_args = [*profile.args, *inputs.extra_args]
+    model_config = checks.check_model(profile, inputs.model_path, sglang_args)
     plan = build_plan(profile, inputs, environ, sys.executable, model_config)
     backend = decode_attention_backend(plan.argv)
     patched_path = uses_patched_path(plan.argv, sglang_versions(profile))
