@@ -48,6 +48,11 @@ SERVER_ARGS_READ = (
     "page_size",
     "chunked_prefill_size",
     "disable_cuda_graph",
+    # Speculative decoding (MTP): algorithm None when off; num_draft_tokens = steps + 1 with topk 1.
+    "speculative_algorithm",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
 )
 
 
@@ -76,7 +81,18 @@ def info_kv_pool_tokens(info: dict[str, Any]) -> Any:
     return pool
 
 
+def info_speculative_algorithm(info: dict[str, Any]) -> Any:
+    """The speculative algorithm the server runs (None or "" when it runs none)."""
+    return info.get("speculative_algorithm")
+
+
 # --- Prometheus metrics (`sglang:` prefix) ---------------------------------------------------
+# Speculative decoding, scheduler gauges refreshed with the decode log (every 40 decode steps):
+# accept length = tokens a request gains per verify pass (accepted drafts + the bonus token,
+# 1..num_draft_tokens); accept rate = accepted drafts / proposed drafts (0..1). Both read 0 on a
+# server without speculative decoding.
+SPEC_ACCEPT_LENGTH = "sglang:spec_accept_length"
+SPEC_ACCEPT_RATE = "sglang:spec_accept_rate"
 # Scheduler metrics carry these labels (only the stats-logging rank, tp_rank 0, reports them);
 # tokenizer metrics the shorter set.
 SCHEDULER_LABELS = ("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank")
