@@ -83,7 +83,15 @@ LIMITS = {
     "decode eagerly (server arg cuda_graph_max_bs).",
     "max_running_requests": "Largest running batch the scheduler admits (server arg "
     "max_running_requests); above cuda_graph_max_bs it allows eager decode.",
+    "speculative_num_draft_tokens": "Tokens one speculative verify pass scores per request (server "
+    "arg speculative_num_draft_tokens, 1 + the drafts): the ceiling of the acceptance length. "
+    "Only under speculative decoding.",
 }
+# Below this acceptance length (tokens per verify pass) MTP has collapsed: a verify pass plus
+# the draft passes cost about 1.3 plain decode steps on GLM-5 at small batch, so under ~1.3 MTP
+# is slower than no MTP at all; healthy GLM-5 MTP runs at 2.2-3.4 with 3 drafts (public figures
+# in docs/deploy.md). Alert GlmserveMTPAcceptanceCollapsed and the dashboard's line use it.
+SPEC_ACCEPT_LENGTH_FLOOR = 1.5
 
 
 def server_limits(info: dict[str, Any]) -> dict[str, float]:
