@@ -141,3 +141,11 @@ def test_the_build_info_records_what_the_emulated_deployment_asked(tmp_path):
     info = buildinfo.read_build_info(path)
     assert info is not None
     assert (info["speculative_algorithm"], info["speculative_num_draft_tokens"]) == ("EAGLE", "4")
+
+
+def test_zero_is_off_as_compose_passes_it():
+    """compose.yaml passes --speculative-accept-length=${EMULATOR_SPEC_ACCEPT_LENGTH:-0}."""
+    cfg, _ = parse_config(["--tpot-ms", "20", "--ttft-ms", "100", "--speculative-accept-length=0"])
+    assert not cfg.speculative and cfg.step_tokens(0) == 1
+    cfg, _ = parse_config(["--tpot-ms", "20", "--ttft-ms", "100", "--speculative-accept-length=3"])
+    assert cfg.speculative and cfg.spec_num_draft_tokens == 4

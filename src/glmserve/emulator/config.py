@@ -232,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="A",
         help="emulate MTP speculative decoding: each decode step (one verify pass) delivers A "
         "tokens on average as one SSE chunk, and the spec metrics, /server_info and /generate's "
-        "meta_info say so as SGLang's do (default: off)",
+        "meta_info say so as SGLang's do (default, or 0: off)",
     )
     p.add_argument(
         "--speculative-num-draft-tokens",
@@ -285,7 +285,8 @@ def config_from_args(ns: argparse.Namespace) -> EmulatorConfig:
         decode_log_interval=ns.decode_log_interval,
         build_info_file=ns.build_info_file,
         cuda_graph_max_bs=ns.cuda_graph_max_bs,
-        spec_accept_length=ns.speculative_accept_length,
+        # 0 is off too: compose passes its default that way.
+        spec_accept_length=ns.speculative_accept_length or None,
         spec_num_draft_tokens=ns.speculative_num_draft_tokens,
     )
 
