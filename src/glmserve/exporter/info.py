@@ -33,6 +33,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from glmserve import buildinfo, sglang_api
+from glmserve.sglang_api import spec_gauges
 
 log = logging.getLogger(__name__)
 
@@ -164,22 +165,6 @@ SPEC_GAUGES = {
         "decoding.",
     ),
 }
-
-
-def spec_gauges(metrics_text: str) -> dict[str, float]:
-    """SGLang's acceptance gauges from its /metrics text, each the mean over its series (one
-    per reporting scheduler); absent ones are left out."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    wanted = tuple(SPEC_GAUGES)
-    # Only the two gauges' lines are parsed: the rest of the exposition is not ours to read.
-    lines = [line for line in metrics_text.splitlines() if line.startswith(wanted)]
-    values: dict[str, list[float]] = {}
-    for family in text_string_to_metric_families("\n".join(lines) + "\n"):
-        for sample in family.samples:
-            if sample.name in SPEC_GAUGES:
-                values.setdefault(sample.name, []).append(sample.value)
-    return {name: sum(v) / len(v) for name, v in values.items() if v}
 
 
 class ProbeFailed(Exception):
