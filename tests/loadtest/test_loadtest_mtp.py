@@ -74,7 +74,9 @@ def test_the_session_reads_the_server_once_per_measured_window():
     assert isinstance(windows[0], Window)
 
 
-@pytest.mark.parametrize(("route", "source"), [("chat", "server metrics"), ("generate", "meta_info")])
+@pytest.mark.parametrize(
+    ("route", "source"), [("chat", "server metrics"), ("generate", "meta_info")]
+)
 def test_locust_against_the_emulator_in_mtp_mode(route: str, source: str, tmp_path: Path):
     args = ["--tpot-ms", "10", "--ttft-ms", "50", "--speculative-accept-length", str(ACCEPT),
             "--decode-log-interval", "4"]  # fmt: skip
