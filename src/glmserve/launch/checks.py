@@ -254,7 +254,12 @@ def decode_timing_env(
     argv: Sequence[str], model_config: Mapping[str, Any], tp: int
 ) -> dict[str, str]:
     """The self-test's timing shape: the model's heads per rank and the decode batches the
-    server will run (1 and the largest captured CUDA-graph batch, 64 where the profile leaves it to SGLang)."""
+    server will run (1 and the largest captured CUDA-graph batch, 64 where the profile leaves it to SGLang).
+
+    Under MTP the same batches hold for what the native kernel serves there: the draft's
+    one-token decode passes (batch = running requests, topk 1), one layer each. The target's
+    verify pass (speculative.from_argv(argv).tokens_per_verify query tokens per request, all
+    layers) runs the extend path and is not timed here."""
     env = {}
     heads = model_config.get("num_attention_heads")
     if isinstance(heads, int) and heads > 0 and tp > 0:
