@@ -7,6 +7,7 @@ import itertools
 import logging
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,9 @@ class Session:
     # the shape's player (--run-time, or stopped before its end: Ctrl-C, a web-UI stop).
     stopped_by: str | None = None
     complete: bool = True
+    # Reads the server's own figures as a measured window closes (set on the master when the
+    # target runs MTP: its acceptance gauges); None: nothing to read.
+    server_sampler: Callable[[], dict[str, float] | None] | None = None
     _ids: itertools.count = field(default_factory=itertools.count)
 
     def next_stream_id(self) -> int:
@@ -48,10 +52,27 @@ class Session:
 
     def on_phase(self, tick: Tick, at: float, environment: Any) -> None:
         log.info("step %d: %d streams, %s", tick.step, tick.users, tick.phase)
+        windows = self.collector.windows
+        if windows and windows[-1].step != tick.step:
+            self.sample_server()  # the step's window closes now
         self.collector.phase(tick.step, tick.users, tick.phase, at)
         if tick.phase == "measure" and environment.runner is not None:
             # Locust's own table then shows this step's steady state only.
             environment.runner.stats.reset_all()
+
+    def sample_server(self) -> None:
+        """Record the server's figures on the open window, if it has been measured."""
+        windows = self.collector.windows
+        if self.server_sampler is None or not windows:
+            return
+        window = windows[-1]
+        if window.end is None and window.measure_start is not None:
+            window.server = self.server_sampler()
+
+    def close(self, at: float) -> None:
+        """The run's last window closes (end of the shape, a stop, quitting)."""
+        self.sample_server()
+        self.collector.close(at)
 
 
 # Keyed by the Environment object (weakly: a finished Environment takes its session with it),
