@@ -7,6 +7,9 @@
 #   bash bench/device_run.sh e2e [ARGS]         real SGLang servers: bench/e2e/harness.py ARGS
 #   bash bench/device_run.sh native [ARGS]      real SGLang servers: bench/e2e/native.py ARGS
 #   bash bench/device_run.sh fp8-decode [ARGS]  kernels side by side: bench/fp8_decode.py ARGS
+#   bash bench/device_run.sh verify [ARGS]      MTP: the self-test timing the verify pass (8 heads,
+#                                               4 query tokens), tests/gpu, then the multi-token
+#                                               kernel side by side: bench/fp8_verify.py ARGS
 #   bash bench/device_run.sh smoke [ARGS]       the operator smoke test: python -m glmserve.smoke ARGS
 #                                               (e.g. --profile tiny-mla --ready-timeout-s 240)
 #   bash bench/device_run.sh lines [ARGS]       the current SGLang line (issue 20): upstream cast vs
@@ -37,7 +40,7 @@
 set -uo pipefail
 : "${OUT:?OUT must name the folder that comes back}"
 job=kernel
-case "${1:-}" in kernel | correctness | e2e | native | fp8-decode | smoke | fleet | lines) job=$1; shift ;; esac
+case "${1:-}" in kernel | correctness | verify | e2e | native | fp8-decode | smoke | fleet | lines) job=$1; shift ;; esac
 # The lines job runs the current line (glmserve.sglang_lines CURRENT_LINE), the rest the default.
 line=$([ "$job" = lines ] && echo current || echo default)
 BUNDLE=${BUNDLE:-.bundle/sglang-$(PYTHONPATH=$PWD/src python3 -m glmserve.sglang_lines get version "$line").tar.xz}
@@ -108,6 +111,22 @@ PY
 
 rc=0
 case $job in
+verify)
+  # GLM-5 at TP8 (8 heads per rank) under the MTP profiles (4 query tokens per verify pass).
+  step "self-test (8 heads, decode batches 1 and 64, verify 4 tokens)"; t0=$SECONDS
+  GLMSERVE_SELFTEST_HEADS=8 GLMSERVE_SELFTEST_DECODE_BATCHES=1,64 GLMSERVE_SELFTEST_VERIFY_TOKENS=4 \
+    gpu timeout -s TERM "${SELFTEST_HARD_S:-200}" python3 -m glmserve.selftest 2>&1 | tee -a "$log"
+  echo "rc=${PIPESTATUS[0]} wall=$((SECONDS - t0)) s" | tee -a "$log"
+  step "GPU tests"
+  # shellcheck disable=SC2086  # GPU_TESTS: test paths, space-separated (default: all of tests/gpu)
+  gpu timeout -s TERM "${GPU_TESTS_HARD_S:-300}" python3 -m pytest -v -s -rA -p no:cacheprovider \
+    ${GPU_TESTS:-tests/gpu} 2>&1 | tee "$OUT/gpu-tests.log" \
+    | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|^dry-run" | tee -a "$log"
+  step "bench/fp8_verify.py"
+  gpu timeout -s TERM "${VERIFY_HARD_S:-240}" python3 bench/fp8_verify.py --out "$OUT" "$@" 2>&1 \
+    | tee "$OUT/verify.log" | tail -40
+  rc=${PIPESTATUS[0]}
+  ;;
 kernel | correctness)
   KERNEL=$SITE/sglang/srt/layers/attention/fp8_kv_gather.py
   if [ -n "${KERNEL_VARIANTS:-}" ]; then
@@ -168,6 +187,11 @@ if [ -z "${KERNEL_VARIANTS:-}" ]; then
   caches=$(cd "$HOME" && ls -d .cache/flashinfer .cache/tvm-ffi .triton 2>/dev/null)
   if [ -n "$caches" ]; then
     ( cd "$HOME" && XZ_OPT="-T0 -3" timeout 60 tar -cJf "$OUT/jit-cache.tar.xz" $caches )
+    # Too large with Triton's cache (kernel variants): FlashInfer's, the slow one to rebuild.
+    if [ "$(stat -c %s "$OUT/jit-cache.tar.xz" 2>/dev/null || echo 0)" -ge 16000000 ]; then
+      caches=$(cd "$HOME" && ls -d .cache/flashinfer .cache/tvm-ffi 2>/dev/null)
+      ( cd "$HOME" && XZ_OPT="-T0 -3" timeout 60 tar -cJf "$OUT/jit-cache.tar.xz" $caches )
+    fi
     [ "$(stat -c %s "$OUT/jit-cache.tar.xz" 2>/dev/null || echo 0)" -lt 16000000 ] || rm -f "$OUT/jit-cache.tar.xz"
   fi
 fi

@@ -120,3 +120,5 @@ def fp8_attention_path(env: Mapping[str, str]) -> str:
 # --- the self-test's timing shape (the launcher sets them from the model and the profile) ---
 SELFTEST_HEADS = PositiveInts("GLMSERVE_SELFTEST_HEADS", default=(16,), single=True)
 SELFTEST_DECODE_BATCHES = PositiveInts("GLMSERVE_SELFTEST_DECODE_BATCHES", default=(1, 16))
+# Query tokens per request of a speculative (MTP) target verify pass; unset: no speculation.
+SELFTEST_VERIFY_TOKENS = PositiveInts("GLMSERVE_SELFTEST_VERIFY_TOKENS", default=(), single=True)

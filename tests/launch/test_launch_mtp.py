@@ -264,3 +264,15 @@ def test_the_graph_warning_knows_sglangs_speculative_cap():
     assert checks.cuda_graph_warning([*spec, "--cuda-graph-max-bs", "48"]) is None
     # Without MTP an unset --max-running-requests is sized from the pool, as before.
     assert "sizes it from the KV pool" in checks.cuda_graph_warning(["--cuda-graph-max-bs", "32"])
+
+
+def test_the_self_test_times_the_verify_pass_under_mtp_only():
+    """Under MTP the native kernel serves target verify too: the self-test times both paths on
+    the verify pass's query tokens (num_steps + 1 at topk 1); without MTP it times none."""
+    config = {"num_attention_heads": 64}
+    mtp = load_profile(PROFILES_DIR, RTX_MTP)
+    env = checks.decode_timing_env(mtp.args, config, 8)
+    assert env["GLMSERVE_SELFTEST_VERIFY_TOKENS"] == "4"
+    assert env["GLMSERVE_SELFTEST_HEADS"] == "8"
+    plain = load_profile(PROFILES_DIR, MTP_PROFILES[RTX_MTP])
+    assert "GLMSERVE_SELFTEST_VERIFY_TOKENS" not in checks.decode_timing_env(plain.args, config, 8)

@@ -28,13 +28,16 @@ from glmserve.series.wheels import extract_site, fetch_wheel  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 BACKEND = "sglang/srt/layers/attention/flashinfer_mla_backend.py"
+POOL_REL = "sglang/srt/mem_cache/memory_pool.py"  # the series patches its FP8 store too
 KERNEL = "sglang/srt/layers/attention/fp8_kv_gather.py"
 
 
 @pytest.fixture(scope="module")
 def kernel_source(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Source of fp8_kv_gather.py from a 0.5.12.post1 tree patched by the real apply tool."""
-    site = extract_site(fetch_wheel("0.5.12.post1"), tmp_path_factory.mktemp("site"), [BACKEND])
+    site = extract_site(
+        fetch_wheel("0.5.12.post1"), tmp_path_factory.mktemp("site"), [BACKEND, POOL_REL]
+    )
     assert apply(site, REPO / "patches").action == "applied"
     return (site / KERNEL).read_text()
 
@@ -163,4 +166,14 @@ def test_the_timing_shape_comes_from_the_launcher_and_bad_values_are_refused():
                                "native_us": [10.0, 66.0], "gather_us": [17.0, 155.0],
                                "faster": "native"})  # fmt: skip
     assert line.startswith("8 heads, 2048 tokens per request, per layer: batch 1: native 10.0 µs")
+    # Under MTP the launcher passes the verify pass's query tokens; without it, none.
+    assert pathtiming.requested_verify_tokens({}) == 0
+    assert pathtiming.requested_verify_tokens({"GLMSERVE_SELFTEST_VERIFY_TOKENS": "4"}) == 4
+    with pytest.raises(SwitchError, match="GLMSERVE_SELFTEST_VERIFY_TOKENS"):
+        pathtiming.requested_verify_tokens({"GLMSERVE_SELFTEST_VERIFY_TOKENS": "4,5"})
+    line = pathtiming.summary({"heads": 8, "context": 2048, "batches": [1, 64],
+                               "native_us": [10.0, 66.0], "gather_us": [17.0, 155.0],
+                               "verify_tokens": 4, "verify_native_us": [11.0, 70.0],
+                               "verify_gather_us": [18.0, 160.0], "faster": "native"})  # fmt: skip
+    assert "verify 64x4: native 70.0 µs, gather 160.0 µs; faster: native" in line
     assert line.endswith("faster: native")

@@ -67,7 +67,9 @@ def _doctored_wheel(real: Path, dest_dir: Path, version: str, edits: dict[str, b
     out = dest_dir / f"sglang-{version}-py3-none-any.whl"
     with zipfile.ZipFile(real) as zin, zipfile.ZipFile(out, "w") as zout:
         for name in zin.namelist():
-            if name.startswith("sglang/srt/layers/attention/") or ".dist-info/" in name:
+            if name.startswith(("sglang/srt/layers/attention/", "sglang/srt/mem_cache/")) or (
+                ".dist-info/" in name
+            ):
                 zout.writestr(name, edits.pop(name, zin.read(name)))
             elif name in ("sglang/_version.py", "sglang/version.py", "sglang/__init__.py"):
                 zout.writestr(name, zin.read(name))
@@ -78,51 +80,51 @@ def _doctored_wheel(real: Path, dest_dir: Path, version: str, edits: dict[str, b
 
 def test_regen_verifies_each_version_instead_of_assuming(tmp_path, wheels):
     """A release whose backend differs by one context line makes regen fail, naming it."""
-    patches = _mini_patches(tmp_path, {PINNED: PINNED, "0.5.9": PINNED})
+    patches = _mini_patches(tmp_path, {PINNED: PINNED, "0.5.12": PINNED})
     cache = tmp_path / "wheels"
     cache.mkdir()
     shutil.copy(fetch_wheel(PINNED, wheels, download=False), cache)
-    real_9 = fetch_wheel("0.5.9", wheels, download=False)
-    with zipfile.ZipFile(real_9) as zf:
+    real_12 = fetch_wheel("0.5.12", wheels, download=False)
+    with zipfile.ZipFile(real_12) as zf:
         lines = zf.read(BACKEND).split(b"\n")
     # Perturb the first line the series' first backend hunk expects: a one-line difference.
     (patch,) = (patches / PINNED).glob("*.patch")
     first = next(fp for fp in parse_patch(patch.read_bytes()) if fp.path == BACKEND).hunks[0]
     lines[first.old_start - 1] += b"  # moved"
-    _doctored_wheel(real_9, cache, "0.5.9", {BACKEND: b"\n".join(lines)})
-    with pytest.raises(PatchError, match=r"flashinfer_mla_backend\.py: .* on 0\.5\.9 hunk #1"):
+    _doctored_wheel(real_12, cache, "0.5.12", {BACKEND: b"\n".join(lines)})
+    with pytest.raises(PatchError, match=r"flashinfer_mla_backend\.py: .* on 0\.5\.12 hunk #1"):
         regenerate(patches, cache, download=False)
 
 
 def test_regen_refuses_a_release_that_already_ships_the_new_module(tmp_path, wheels):
-    patches = _mini_patches(tmp_path, {PINNED: PINNED, "0.5.11": PINNED})
+    patches = _mini_patches(tmp_path, {PINNED: PINNED, "0.5.12": PINNED})
     cache = tmp_path / "wheels"
     cache.mkdir()
     shutil.copy(fetch_wheel(PINNED, wheels, download=False), cache)
-    _doctored_wheel(fetch_wheel("0.5.11", wheels, download=False), cache, "0.5.11", {GATHER: b""})
-    with pytest.raises(PatchError, match=r"creates .*fp8_kv_gather\.py, but sglang 0\.5\.11"):
+    _doctored_wheel(fetch_wheel("0.5.12", wheels, download=False), cache, "0.5.12", {GATHER: b""})
+    with pytest.raises(PatchError, match=r"creates .*fp8_kv_gather\.py, but sglang 0\.5\.12"):
         regenerate(patches, cache, download=False)
 
 
 def test_cli_check_then_write_then_check(tmp_path, wheels, capsys):
     """--check names the stale lock and a leftover per-version copy; a write fixes both."""
-    patches = _mini_patches(tmp_path, {PINNED: PINNED, "0.5.10": PINNED})
-    (patches / "0.5.10").mkdir()
-    (patches / "0.5.10" / "0001-old-copy.patch").write_text("stale\n")
+    patches = _mini_patches(tmp_path, {PINNED: PINNED, "0.5.12": PINNED})
+    (patches / "0.5.12").mkdir()
+    (patches / "0.5.12" / "0001-old-copy.patch").write_text("stale\n")
     (patches / "0.5.13").mkdir()  # an unlisted series being ported: not regen's to delete
     (patches / "0.5.13" / "0001-wip.patch").write_text("work in progress\n")
     args = ["--patches", str(patches), "--wheels", str(wheels), "--offline"]
 
     assert main([*args, "--check"]) == 1
     err = capsys.readouterr().err
-    assert "0.5.10/0001-old-copy.patch" in err and "series.lock.json" in err
+    assert "0.5.12/0001-old-copy.patch" in err and "series.lock.json" in err
     assert "0.5.13" not in err
 
     assert main(args) == 0
-    assert not (patches / "0.5.10").exists()
+    assert not (patches / "0.5.12").exists()
     assert (patches / "0.5.13" / "0001-wip.patch").is_file()
     lock = json.loads((patches / "series.lock.json").read_text())
-    assert sorted(lock["series"]) == ["0.5.10", PINNED]
+    assert sorted(lock["series"]) == ["0.5.12", PINNED]
     assert {e["source"] for e in lock["series"].values()} == {PINNED}
 
     capsys.readouterr()
@@ -132,10 +134,10 @@ def test_cli_check_then_write_then_check(tmp_path, wheels, capsys):
 
 def test_every_version_applies_the_source_series(tmp_path, wheels, make_site):
     """With no copy on disk, a non-source version is patched from the source's own diffs."""
-    patches = _mini_patches(tmp_path, {PINNED: PINNED, "0.5.10": PINNED})
+    patches = _mini_patches(tmp_path, {PINNED: PINNED, "0.5.12": PINNED})
     assert main(["--patches", str(patches), "--wheels", str(wheels), "--offline"]) == 0
-    assert not (patches / "0.5.10").exists()
-    site = make_site("0.5.10")
+    assert not (patches / "0.5.12").exists()
+    site = make_site("0.5.12")
     outcome = apply(site, patches)
     assert outcome.action == "applied" and outcome.series == PINNED
     # Without the source the version cannot even be checked: the diffs really come from it.

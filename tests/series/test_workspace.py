@@ -166,5 +166,5 @@ def test_a_new_series_starts_from_the_release_files_and_the_old_modules(tmp_path
 
 
 def test_open_refuses_a_version_that_is_not_a_source(tmp_path, patches):
-    with pytest.raises(PatchError, match=r"0\.5\.10 is not a source series"):
-        workspace.open_workspace(tmp_path / "ws", patches, "0.5.10", download=False)
+    with pytest.raises(PatchError, match=r"0\.5\.12 is not a source series"):
+        workspace.open_workspace(tmp_path / "ws", patches, "0.5.12", download=False)

@@ -100,6 +100,21 @@ def fp8_gather_supported(device: torch.device) -> bool:
     return False
 
 
+def fused_fp8_kv_store(pool_dtype: torch.dtype, k_nope: torch.Tensor) -> bool:
+    """Whether the MLA pool's write converts BF16/FP16 to FP8 inside the scatter kernel
+    (SGLang's own fused store, ``set_mla_kv_buffer_triton_fp8_quant``, which upstream runs on
+    HIP only) instead of two ``.to()`` casts before it: two kernels fewer per layer and step.
+    The bytes are the same: both round to nearest even and saturate at +-448. Off with the
+    series (GLMSERVE_FP8_GATHER=0, the upstream path) and on GPUs without the e4m3 convert."""
+    return (
+        pool_dtype == torch.float8_e4m3fn
+        and k_nope.dtype in (torch.bfloat16, torch.float16)
+        and k_nope.device.type == "cuda"
+        and fp8_gather_enabled()
+        and fp8_gather_supported(k_nope.device)
+    )
+
+
 @triton.jit
 def _fp8_gather_cast_kernel(
     src_ptr,  # uint8 view of the FP8 e4m3 pool: n_pool_rows rows of D bytes, row stride src_stride

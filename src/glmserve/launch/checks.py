@@ -253,13 +253,11 @@ def choose_fp8_attention(
 def decode_timing_env(
     argv: Sequence[str], model_config: Mapping[str, Any], tp: int
 ) -> dict[str, str]:
-    """The self-test's timing shape: the model's heads per rank and the decode batches the
-    server will run (1 and the largest captured CUDA-graph batch, 64 where the profile leaves it to SGLang).
-
-    Under MTP the same batches hold for what the native kernel serves there: the draft's
-    one-token decode passes (batch = running requests, topk 1), one layer each. The target's
-    verify pass (speculative.from_argv(argv).tokens_per_verify query tokens per request, all
-    layers) runs the extend path and is not timed here."""
+    """The self-test's timing shape: the model's heads per rank, the decode batches the server
+    will run (1 and the largest captured CUDA-graph batch, 64 where the profile leaves it to
+    SGLang) and, under MTP, the query tokens of a target verify pass
+    (speculative.from_argv(argv).tokens_per_verify), which the native kernel serves too: the
+    paths are then timed on decode and on verify, and the faster over both serves."""
     env = {}
     heads = model_config.get("num_attention_heads")
     if isinstance(heads, int) and heads > 0 and tp > 0:
@@ -267,6 +265,10 @@ def decode_timing_env(
     max_bs = flag_value(argv, "--cuda-graph-max-bs")
     batches = [1, int(max_bs) if max_bs and max_bs.isdigit() and int(max_bs) > 0 else 64]
     env.update(switches.SELFTEST_DECODE_BATCHES.setting(batches))
+    spec = speculative.from_argv(argv)
+    tokens = spec.tokens_per_verify if spec is not None else None
+    if tokens and tokens > 1:
+        env.update(switches.SELFTEST_VERIFY_TOKENS.setting([tokens]))
     return env
 
 

@@ -12,8 +12,11 @@ were measured on an H200 (SM90); on an RTX PRO 6000 (SM120) or a B200 (SM100) ei
 win, and the server should not pay for our lab's choice.
 
 The shape comes from the environment (set by the launcher; the defaults suit a bare ``python -m
-glmserve.selftest``): ``glmserve.switches.SELFTEST_HEADS`` (heads per rank, default 16) and
-``SELFTEST_DECODE_BATCHES`` (default 1 and 16).
+glmserve.selftest``): ``glmserve.switches.SELFTEST_HEADS`` (heads per rank, default 16),
+``SELFTEST_DECODE_BATCHES`` (default 1 and 16) and, under MTP, ``SELFTEST_VERIFY_TOKENS`` (the
+query tokens of a target verify pass): the native kernel serves verify as well as decode, so both
+paths are then also timed on verify at the same batches (causal, as SGLang plans it), and the
+total over decode and verify decides.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from glmserve.switches import SELFTEST_DECODE_BATCHES, SELFTEST_HEADS
+from glmserve.switches import SELFTEST_DECODE_BATCHES, SELFTEST_HEADS, SELFTEST_VERIFY_TOKENS
 
 CONTEXT = 2048  # tokens per request: a typical decode context
 LAYERS = 4  # distinct pools per graph, so that L2 does not serve the second layer
@@ -43,6 +46,13 @@ def requested_shape(env: dict[str, str] | None = None) -> tuple[int, tuple[int, 
     return heads, tuple(sorted(set(SELFTEST_DECODE_BATCHES.read(env))))
 
 
+def requested_verify_tokens(env: dict[str, str] | None = None) -> int:
+    """Query tokens per request of a target verify pass to time (0: no speculation)."""
+    env = dict(os.environ) if env is None else env
+    tokens = SELFTEST_VERIFY_TOKENS.read(env)
+    return tokens[0] if tokens else 0
+
+
 def faster_path(native_us: list[float], gather_us: list[float]) -> str:
     """The path with the smaller total time over the timed batches (each batch weighs its µs,
     so the loaded batch, where the time goes, counts most); ties go to native."""
@@ -58,8 +68,10 @@ def time_decode_paths(
     heads: int,
     batches: tuple[int, ...],
     seed: int = 0,
+    verify_tokens: int = 0,
 ) -> dict[str, Any]:
-    """Per-layer µs of both decode paths at each batch, and which is faster."""
+    """Per-layer µs of both paths at each decode batch (and, with `verify_tokens`, each target
+    verify batch of that many causal query tokens per request), and which is faster."""
     gen = torch.Generator(device=device).manual_seed(seed)
     pools = [
         torch.randn((POOL_ROWS, 1, CKV + KPE), device=device, generator=gen).to(torch.float8_e4m3fn)
@@ -70,35 +82,43 @@ def time_decode_paths(
     workspace = torch.empty(128 << 20, dtype=torch.uint8, device=device)
     result: dict[str, Any] = {
         "heads": heads, "context": CONTEXT, "batches": list(batches),
-        "native_us": [], "gather_us": [],
+        "native_us": [], "gather_us": [], "verify_tokens": verify_tokens,
+        "verify_native_us": [], "verify_gather_us": [],
     }  # fmt: skip
-    for batch in batches:
+    shapes = [(batch, 1) for batch in batches]
+    shapes += [(batch, verify_tokens) for batch in batches if verify_tokens > 1]
+    for batch, tokens in shapes:
         indptr = torch.arange(batch + 1, dtype=torch.int32, device=device) * CONTEXT
+        qo = torch.arange(batch + 1, dtype=torch.int32, device=device) * tokens
         idx = torch.randint(0, POOL_ROWS, (batch * CONTEXT,), dtype=torch.int32, device=device,
                             generator=gen)  # fmt: skip
-        q = torch.randn(batch, heads, CKV, device=device, generator=gen).bfloat16()
-        q_pe = torch.randn(batch, heads, KPE, device=device, generator=gen).bfloat16()
+        q = torch.randn(batch * tokens, heads, CKV, device=device, generator=gen).bfloat16()
+        q_pe = torch.randn(batch * tokens, heads, KPE, device=device, generator=gen).bfloat16()
         out = torch.empty_like(q)
         rows.fill_(batch * CONTEXT)
-        # What SGLang's decode wrapper runs: FlashInfer's "auto" backend (fa3 on SM90, fa2
-        # where fa3 does not exist).
+        # What SGLang's wrappers run: FlashInfer's "auto" backend (fa3 on SM90, fa2 where fa3
+        # does not exist), causal for a verify pass.
         wrapper = flashinfer.mla.BatchMLAPagedAttentionWrapper(workspace, backend="auto")
-        qo = torch.arange(batch + 1, dtype=torch.int32, device=device)
-        wrapper.plan(qo, indptr, idx, indptr[1:] - indptr[:-1], heads, CKV, KPE, 1, False,
+        wrapper.plan(qo, indptr, idx, indptr[1:] - indptr[:-1], heads, CKV, KPE, 1, tokens > 1,
                      SM_SCALE, torch.bfloat16, torch.bfloat16)  # fmt: skip
+        extra = {} if tokens == 1 else {"qo_indptr": qo, "max_q_len": tokens}
 
-        def native_step(q=q, q_pe=q_pe, out=out, indptr=indptr, idx=idx):
+        def native_step(q=q, q_pe=q_pe, out=out, indptr=indptr, idx=idx, extra=extra):
             for pool in pools:
-                native.mla_decode_fp8(q, q_pe, pool, indptr, idx, SM_SCALE, out)
+                native.mla_decode_fp8(q, q_pe, pool, indptr, idx, SM_SCALE, out, **extra)
 
         def gather_step(q=q, q_pe=q_pe, out=out, idx=idx, wrapper=wrapper):
             for pool in pools:
                 kv = gather.gather_cast(pool, idx, rows, shadow)
                 wrapper.run(q, q_pe, kv[:, :, :CKV], kv[:, :, CKV:], out=out)
 
-        result["native_us"].append(round(graph_us(torch, native_step) / LAYERS, 2))
-        result["gather_us"].append(round(graph_us(torch, gather_step) / LAYERS, 2))
-    result["faster"] = faster_path(result["native_us"], result["gather_us"])
+        prefix = "" if tokens == 1 else "verify_"
+        result[f"{prefix}native_us"].append(round(graph_us(torch, native_step) / LAYERS, 2))
+        result[f"{prefix}gather_us"].append(round(graph_us(torch, gather_step) / LAYERS, 2))
+    result["faster"] = faster_path(
+        result["native_us"] + result["verify_native_us"],
+        result["gather_us"] + result["verify_gather_us"],
+    )
     return result
 
 
@@ -121,11 +141,20 @@ def graph_us(torch: Any, step: Callable[[], None]) -> float:
 
 
 def summary(timing: dict[str, Any]) -> str:
-    """One line: each batch's µs per layer for both paths, and the faster one."""
+    """One line: each batch's µs per layer for both paths (decode, then verify under MTP), and
+    the faster one."""
     cells = [
         f"batch {b}: native {n:.1f} µs, gather {g:.1f} µs"
         for b, n, g in zip(timing["batches"], timing["native_us"], timing["gather_us"], strict=True)
     ]
+    tokens = timing.get("verify_tokens", 0)
+    cells += [
+        f"verify {b}x{tokens}: native {n:.1f} µs, gather {g:.1f} µs"
+        for b, n, g in zip(
+            timing["batches"], timing.get("verify_native_us", []),
+            timing.get("verify_gather_us", []), strict=False,
+        )
+    ]  # fmt: skip
     return (
         f"{timing['heads']} heads, {timing['context']} tokens per request, per layer: "
         + "; ".join(cells) + f"; faster: {timing['faster']}"

@@ -547,9 +547,10 @@ def _time_paths(
 
     try:
         heads, batches = pathtiming.requested_shape()
+        verify_tokens = pathtiming.requested_verify_tokens()
         native = load_kernel_module(gather_path.parent / "fp8_mla_decode.py")
         return pathtiming.time_decode_paths(
-            torch, flashinfer, gather, native, device, heads, batches, seed
+            torch, flashinfer, gather, native, device, heads, batches, seed, verify_tokens
         )
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}

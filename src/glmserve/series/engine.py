@@ -394,9 +394,15 @@ def _refuse_half_applied(site: Path, problem: str) -> PatchError:
     )
 
 
-def _clear_leftovers(site: Path, series: Series) -> None:
+def _clear_leftovers(site: Path, series: Series, healed: bool = False) -> None:
     for tmp in leftover_temps(site, [*series.files, MARKER_REL, JOURNAL_REL]):
         tmp.unlink()
+    if healed:
+        # A run killed between a file's swap and its bytecode step left the old content's
+        # bytecode beside the new file; this run does not rewrite that file, so drop it here.
+        for rel in series.files:
+            if rel.endswith(".py"):
+                _drop_bytecode(site, rel)
     if read_journal(site) is not None:
         _remove_journal(site)
 
@@ -414,13 +420,13 @@ def apply(site: str | Path, patches_dir: str | Path, *, dry_run: bool = False) -
     marker_ok = read_marker(site) == marker
     v, s = series.version, series.source
     if not changes and marker_ok:
-        _clear_leftovers(site, series)
+        _clear_leftovers(site, series, healed=bool(problem))
         msg = f"{healed}SGLang {v}: series {s} already applied"
         return Outcome("already-applied", v, s, msg, dry_run)
     if not changes:
         if not dry_run:
             _commit(site, {MARKER_REL: marker_bytes(marker)}, "apply", series)
-            _clear_leftovers(site, series)
+            _clear_leftovers(site, series, healed=bool(problem))
         verb = "would rewrite" if dry_run else "rewrote"
         msg = f"{healed}SGLang {v}: files already patched with series {s}; {verb} the marker"
         return Outcome("marker-updated", v, s, msg, dry_run, [MARKER_REL])
@@ -428,7 +434,7 @@ def apply(site: str | Path, patches_dir: str | Path, *, dry_run: bool = False) -
         msg = f"SGLang {v}: series {s} applies cleanly to {len(changes)} file(s) (dry run, nothing changed)"
         return Outcome("applied", v, s, msg, True, sorted(changes))
     _commit(site, {**changes, MARKER_REL: marker_bytes(marker)}, "apply", series)
-    _clear_leftovers(site, series)
+    _clear_leftovers(site, series, healed=bool(problem))
     msg = (
         f"{healed}SGLang {v}: applied series {s} to {len(changes)} file(s): "
         f"{', '.join(sorted(changes))}"
@@ -453,7 +459,7 @@ def revert(site: str | Path, patches_dir: str | Path, *, dry_run: bool = False) 
     has_marker = (site / MARKER_REL).exists()
     v, s = series.version, series.source
     if not changes and not has_marker:
-        _clear_leftovers(site, series)
+        _clear_leftovers(site, series, healed=bool(problem))
         msg = f"{healed}SGLang {v}: series {s} is not applied"
         return Outcome("not-applied", v, s, msg, dry_run)
     writes: dict[str, bytes | None] = {**changes}
@@ -464,7 +470,7 @@ def revert(site: str | Path, patches_dir: str | Path, *, dry_run: bool = False) 
         msg = f"SGLang {v}: series {s} reverts cleanly from {len(changes)} file(s) (dry run, nothing changed)"
         return Outcome("reverted", v, s, msg, True, sorted(writes))
     _commit(site, writes, "revert", series)
-    _clear_leftovers(site, series)
+    _clear_leftovers(site, series, healed=bool(problem))
     msg = f"{healed}SGLang {v}: reverted series {s} from {len(changes)} file(s)"
     return Outcome("reverted", v, s, msg, False, sorted(writes))
 
