@@ -294,13 +294,13 @@ def test_lines_job_applies_the_0_5_17_series_and_runs_fa3_only_with_its_kernels(
 
 
 def test_verify_job_times_the_verify_pass_then_runs_the_gpu_tests_and_the_bench(tmp_path, bundle):
-    """MTP's job: the self-test with the verify pass's shape (8 heads, 4 query tokens), every
-    GPU test, then bench/fp8_verify.py, each under its own hard stop."""
+    """MTP's job: bench/fp8_verify.py, the self-test with the verify pass's shape (8 heads, 4
+    query tokens), then every GPU test, each under its own hard stop."""
     proc = device_run(tmp_path, bundle, "verify", "--variants", "none")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     dry = [line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("dry-run: ")]
     commands = [" ".join(d) for d in dry[1:]]
-    assert commands[0].startswith("timeout -s TERM 200 python3 -m glmserve.selftest")
-    assert commands[1].startswith("timeout -s TERM 300 python3 -m pytest")
-    assert commands[2].startswith("timeout -s TERM 240 python3 bench/fp8_verify.py --out ")
-    assert commands[2].endswith("--variants none")
+    assert commands[0].startswith("timeout -s TERM 240 python3 bench/fp8_verify.py --out ")
+    assert commands[0].endswith("--variants none")
+    assert commands[1].startswith("timeout -s TERM 150 python3 -m glmserve.selftest")
+    assert commands[2].startswith("timeout -s TERM 200 python3 -m pytest")
