@@ -109,7 +109,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG GLMSERVE_VERSION=0.1.0
 # Each line is its own source series (patches/<line>/), so the line names the series too.
 ARG SGLANG_LINE
-ARG PATCH_LOCK_SHA256=597207b4c2ba37948020f846d342628c00746bc83b6c0a46cdffde0861af5acb
+ARG PATCH_LOCK_SHA256=782d79807d45bca7243ef7a0f8d047dddf7fbda55ae74ad1ea6be68927957d92
 # The preflight also imports the new gather module (torch + Triton, present in the real base).
 # CI's torch-less stand-in base passes --no-import; the static checks still run there.
 ARG PREFLIGHT_ARGS=""

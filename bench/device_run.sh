@@ -173,6 +173,15 @@ e2e | native | fp8-decode | smoke | fleet | lines)
       rm -f "$E2E_PGID_FILE"
     fi
   fi
+  if [ "$job" = native ] && [ -z "${GLMSERVE_FP8_FUSED_STORE:-}" ]; then
+    # The FP8 store converts inside SGLang's scatter kernel only where that writes the upstream
+    # cast's bytes on this GPU; otherwise the servers keep SGLang's two casts, and the log says so.
+    step "fused FP8 KV store check"
+    if gpu timeout 120 python3 -m pytest -q -x --tb=short -p no:cacheprovider \
+      tests/gpu/test_fused_kv_store_gpu.py 2>&1 | tee -a "$log" | tail -30; then
+      [ "${PIPESTATUS[0]}" = 0 ] || { export GLMSERVE_FP8_FUSED_STORE=0; step "fused store OFF for this run"; }
+    fi
+  fi
   step "${script[0]}"
   gpu timeout -s TERM "$hard" python3 "${script[@]}" --out "$OUT" "$@" 2>&1 | tee "$OUT/$tee_to"
   rc=${PIPESTATUS[0]}

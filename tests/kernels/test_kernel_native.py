@@ -349,12 +349,24 @@ class Wrapper:
     """Stands in for FlashInfer's wrapper: the state keys on it weakly, like SGLang's objects."""
 
 
-def test_a_wrapper_runs_native_only_after_a_plain_decode_plan(native):
-    state = native.Fp8NativeDecode()
-    wrapper, draft = Wrapper(), Wrapper()
+def test_a_wrapper_runs_native_only_after_a_plan_recorded_for_it(native):
+    state = native.Fp8NativeDecode(max_spec_tokens=4)
+    wrapper, prefill, verify = Wrapper(), Wrapper(), Wrapper()
     assert state.planned(wrapper) is None  # never planned: gather
     indptr = torch.zeros(3, dtype=torch.int32)
     state.note_plan(wrapper, indptr, 0.1)
-    state.note_plan(draft, None, 0.1)  # a speculative batch: gather
-    assert state.planned(wrapper) == (indptr, 0.1)
-    assert state.planned(draft) is None
+    state.note_plan(prefill, None, 0.1)  # a prefill: gather
+    kv, scale, qo, max_q = state.planned(wrapper)
+    assert kv is indptr and (scale, qo, max_q) == (0.1, None, 1)  # decode: the view itself
+    assert state.planned(prefill) is None
+    # A speculative batch: its fresh indptrs are copied into buffers the wrapper keeps, reused
+    # by every later plan of it (a captured graph reads them).
+    state.note_plan(verify, torch.tensor([0, 7, 9], dtype=torch.int32), 0.2,
+                    torch.tensor([0, 4, 6], dtype=torch.int32), 4)  # fmt: skip
+    kv, scale, qo, max_q = state.planned(verify)
+    assert kv.tolist() == [0, 7, 9] and qo.tolist() == [0, 4, 6] and (scale, max_q) == (0.2, 4)
+    state.note_plan(verify, torch.tensor([0, 3, 5], dtype=torch.int32), 0.2,
+                    torch.tensor([0, 2, 4], dtype=torch.int32), 4)  # fmt: skip
+    kv2, _, qo2, _ = state.planned(verify)
+    assert kv2.data_ptr() == kv.data_ptr() and qo2.data_ptr() == qo.data_ptr()
+    assert kv2.tolist() == [0, 3, 5] and qo2.tolist() == [0, 2, 4]

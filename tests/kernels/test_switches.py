@@ -99,3 +99,6 @@ def test_the_fused_fp8_store_follows_the_series_switch(monkeypatch):
     assert not gather.fused_fp8_kv_store(torch.float8_e4m3fn, cpu.float())
     monkeypatch.setenv(gather.ENV_SWITCH, "0")
     assert not gather.fused_fp8_kv_store(torch.float8_e4m3fn, cpu)
+    monkeypatch.setenv(gather.ENV_SWITCH, "1")
+    monkeypatch.setenv(gather.FUSED_STORE_SWITCH, "0")
+    assert not gather.fused_fp8_kv_store(torch.float8_e4m3fn, cpu)
