@@ -276,7 +276,9 @@ class Run:
         }
         self.servers: dict[str, harness.Server] = {}
         self.paths = MTP_PATHS if args.mtp else PATHS
-        self.timed = tuple(MTP_PATHS) if args.mtp else TIMED
+        if args.only:  # a subset of the paths (one card holds fewer servers than the mode has)
+            self.paths = {k: v for k, v in self.paths.items() if k in args.only.split(",")}
+        self.timed = tuple(self.paths) if args.mtp else TIMED
         self.doc["timing"] = {k: {} for k in self.timed}
         if args.mtp:
             self.doc["pool_tokens"] = MTP_POOL_TOKENS
@@ -564,6 +566,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--mtp", action="store_true",
         help="MTP on (BF16 KV, native, gather) beside BF16 KV and native without it",
     )  # fmt: skip
+    p.add_argument("--only", default="", help="comma-separated paths to start (default: all)")
     return p.parse_args(argv)
 
 
