@@ -320,8 +320,13 @@ class Run:
                 argv[argv.index("--cost-model") + 1] = cost
             elif a.mtp:  # after the profile's flags: these win
                 argv[argv.index("--max-total-tokens") + 1] = str(MTP_POOL_TOKENS)
+                override = {"num_hidden_layers": LAYERS}
+                if a.heads:  # dummy weights: any head count (GLM-5 at TP8 has 8 per rank)
+                    override.update(num_attention_heads=a.heads, num_key_value_heads=a.heads)
                 if name.endswith("-mtp"):
                     argv += list(MTP_ARGS)
+                    override["num_nextn_predict_layers"] = 1
+                argv += ["--json-model-override-args", json.dumps(override)]
             srv = harness.Server(spec, argv, env, self.out / "logs" / f"{name}.log")
             self.servers[name] = srv
             self.doc["servers"][name] = {"argv": shlex.join(argv), "env": {
@@ -567,6 +572,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="MTP on (BF16 KV, native, gather) beside BF16 KV and native without it",
     )  # fmt: skip
     p.add_argument("--only", default="", help="comma-separated paths to start (default: all)")
+    p.add_argument(
+        "--heads", type=int, default=0, help="--mtp: attention heads (default: the model's)"
+    )
     return p.parse_args(argv)
 
 
