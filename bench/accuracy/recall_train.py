@@ -1,0 +1,287 @@
+#!/usr/bin/env python3
+"""Train the recall model (bench/accuracy/recall_model.py) on the recall task, seeded, and write
+the checkpoint SGLang serves.
+
+    python bench/accuracy/recall_train.py --out DIR               # the lab GPU: a few minutes
+    python bench/accuracy/recall_train.py --out DIR --smoke       # CPU: tiny steps, loss must fall
+
+One joint loss, DeepSeek-V3 style: the target's next token on every answer token, plus the NextN
+head's token after next, at draft depths 1..3 chained the way SGLang's EAGLE worker runs them
+(--speculative-num-steps 3). Half the steps round the KV rows to FP8 e4m3 (straight-through),
+as an FP8 pool stores them, so the model is as robust to FP8 KV as a served model must be.
+Batches are drawn on the device in the task's layout (recall_task: unique keys, 8-token values
+from per-slot alphabets, filler between records, queries at the end), at lengths that grow from
+512 to 8,192 tokens. Prints a plan, the loss every --log-every steps, then the teacher-forced
+exact-match accuracy of the finished model on the bench's own prompts (2k, 8k, 32k) and writes
+DIR/train.json beside the checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import recall_model as rm  # noqa: E402
+import recall_task as task  # noqa: E402
+
+L = task.VALUE_LEN
+SEG = L + 3  # Q key v1..vL END
+DEPTH_WEIGHTS = (1.0, 0.5, 0.3, 0.3)  # target, draft depth 1, 2, 3
+
+
+def log(msg: str) -> None:
+    print(f"[recall-train +{time.monotonic() - T0:6.1f}s] {msg}", flush=True)
+
+
+T0 = time.monotonic()
+
+
+def draw_batch(
+    gen: torch.Generator, batch: int, length: int, n_records: int, n_queries: int, device: str
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(ids (B, T), target (B, T): the token at p is an answer token to predict, region: the
+    index of the first query). Same layout as recall_task.haystack + queries, drawn on device."""
+    body = length - 1 - n_queries * SEG
+    fillers = body - n_records * (L + 1)
+    if fillers < 0 or n_records > task.N_KEYS or n_queries > n_records:
+        raise ValueError(f"{n_records} records and {n_queries} queries do not fit {length}")
+
+    def rand(*shape):
+        return torch.rand(*shape, generator=gen, device=device)
+
+    def randint(hi, *shape):
+        return torch.randint(0, hi, shape, generator=gen, device=device)
+
+    keys = task.KEY0 + rand(batch, task.N_KEYS).argsort(1)[:, :n_records]
+    slots = torch.arange(L, device=device) * task.SYMBOLS
+    values = task.VALUE0 + slots + randint(task.SYMBOLS, batch, n_records, L)
+    records = torch.cat([keys[..., None], values], dim=-1)  # (B, N, L+1)
+    # random order of N records and F single filler tokens; each item's start in the body
+    order = rand(batch, n_records + fillers).argsort(1)
+    is_rec = order < n_records
+    sizes = torch.where(is_rec, L + 1, 1)
+    starts = sizes.cumsum(1) - sizes
+    rec_start = torch.zeros(batch, n_records, dtype=torch.long, device=device)
+    rec_start.scatter_(1, order[is_rec].view(batch, n_records), starts[is_rec].view(batch, n_records))
+    ids_body = task.FILLER0 + randint(task.N_FILLERS, batch, body)
+    where = rec_start[..., None] + torch.arange(L + 1, device=device)
+    ids_body.scatter_(1, where.view(batch, -1), records.view(batch, -1))
+    pick = rand(batch, n_records).argsort(1)[:, :n_queries]
+    asked = records.gather(1, pick[..., None].expand(-1, -1, L + 1))  # (B, M, L+1)
+    q = torch.full((batch, n_queries, 1), task.QUERY_ID, device=device)
+    end = torch.full((batch, n_queries, 1), task.END_ID, device=device)
+    segs = torch.cat([q, asked, end], dim=-1).view(batch, -1)
+    bos = torch.full((batch, 1), task.BOS, device=device)
+    ids = torch.cat([bos, ids_body, segs], dim=1)
+    region = 1 + body
+    # targets: every value and END token of a segment, and each Q after the first
+    seg_target = torch.ones(SEG, dtype=torch.bool, device=device)
+    seg_target[1] = False  # the key is the question, not predictable
+    target = torch.zeros_like(ids, dtype=torch.bool)
+    target[:, region:] = seg_target.repeat(n_queries)
+    target[:, region] = False  # the first Q
+    return ids, target, region
+
+
+def loss_of(model, ids, target, region, fp8: bool, chain: int):
+    logits, drafts = model(ids, fp8=fp8, chain=chain, region=region)
+    lo = ids.shape[1] - logits.shape[1]  # logits at positions lo.. predict ids[lo + 1 ..]
+    terms = [_ce(logits[:, :-1], ids[:, lo + 1 :], target[:, lo + 1 :])]
+    for (lg, pos) in drafts:
+        tpos = pos + 2
+        keep = tpos < ids.shape[1]
+        pos, tpos = pos[keep], tpos[keep]
+        terms.append(_ce(lg[:, keep], ids[:, tpos], target[:, tpos]))
+    total = sum(w * t for w, t in zip(DEPTH_WEIGHTS, terms, strict=False))
+    return total, [t.item() for t in terms]
+
+
+def _ce(logits, labels, mask):
+    sel = mask.reshape(-1)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1])[sel].float(), labels.reshape(-1)[sel])
+
+
+# ---------------------------------------------------------------- schedule
+
+
+def plan(args: argparse.Namespace) -> list[tuple[int, int]]:
+    """(length, steps) stages: short sequences first (the mechanism forms fast there), then
+    long ones with up to 1,000 records (the distractor counts of the 8k and 32k prompts)."""
+    if args.smoke:
+        return [(160, args.steps)]
+    lengths = [int(x) for x in args.lengths.split(",")]
+    fractions = [float(x) for x in args.fractions.split(",")]
+    steps = [max(1, round(args.steps * f)) for f in fractions]
+    return list(zip(lengths, steps, strict=True))
+
+
+def stage_batch(length: int, tokens: int) -> int:
+    return max(1, tokens // length)
+
+
+def draw_shape(gen_py, length: int, smoke: bool) -> tuple[int, int]:
+    """(records, queries) for one step: density 20-95 % of the body, at most 1,000 records."""
+    queries = 4 if smoke else 16
+    body = length - 1 - queries * SEG
+    most = min(1000, body // (L + 1))
+    least = max(queries, int(0.2 * body) // (L + 1))
+    return int(gen_py.integers(least, most + 1)) if most > least else most, queries
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+@torch.no_grad()
+def evaluate(model, contexts, seed: int, haystacks: int, queries: int, device: str, miswire: str = "") -> dict:
+    """Teacher-forced exact match on recall_task.bench_set prompts: all VALUE_LEN argmaxes right
+    is exactly what a greedy decode of the same weights returns. Also the NextN depth-1 hit
+    rate on the answer tokens (what the first draft token of MTP can reach)."""
+    model.eval()
+    out = {}
+    for ctx in contexts:
+        stacks, qs = task.bench_set(seed, ctx, haystacks, queries)
+        answers, draft_hits, draft_n = [], 0, 0
+        for h, stack in enumerate(stacks):
+            mine = [q for q in qs if q.haystack == h]
+            for i in range(0, len(mine), 8):
+                chunk = mine[i : i + 8]
+                ids = torch.tensor([stack.prompt(q.key) + list(q.answer) for q in chunk], device=device)
+                with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=device == "cuda"):
+                    n = len(stack.ids) + 2
+                    logits, _, _ = model.target(ids, fp8=False, miswire=miswire, logits_from=n - 1)
+                pred = logits[:, :L].argmax(-1).tolist()
+                answers += pred
+                if not miswire:
+                    draft_hits_chunk, n_chunk = _draft_hits(model, ids, n, device)
+                    draft_hits += draft_hits_chunk
+                    draft_n += n_chunk
+        s = task.score(answers, [q.answer for q in qs])
+        out[str(ctx)] = {**s.as_dict(), **({"draft1_token_accuracy": draft_hits / draft_n} if draft_n else {})}
+    model.train()
+    return out
+
+
+def _draft_hits(model, ids, n, device) -> tuple[int, int]:
+    with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=device == "cuda"):
+        _, drafts = model(ids, fp8=False, chain=1, region=n)
+    lg, pos = drafts[0]
+    # depth 1 at j predicts ids[j + 2]: answer tokens 2..L sit at n+1 .. n+L-1
+    j = torch.arange(n - 1, n + L - 2, device=ids.device)
+    pred = lg[:, j - pos[0]].argmax(-1)
+    return int((pred == ids[:, j + 2]).sum()), pred.numel()
+
+
+# ---------------------------------------------------------------- main
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="checkpoint folder")
+    p.add_argument("--smoke", action="store_true", help="CPU smoke: tiny steps, loss must fall")
+    p.add_argument("--seed", type=int, default=31)
+    p.add_argument("--steps", type=int, default=2400)
+    p.add_argument("--lengths", default="512,1024,2048,4096,8192")
+    p.add_argument("--fractions", default="0.25,0.25,0.2,0.15,0.15")
+    p.add_argument("--tokens", type=int, default=65536, help="tokens per step")
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--chain", type=int, default=3, help="draft depths trained (EAGLE steps)")
+    p.add_argument("--budget-s", type=float, default=200.0, help="stop early past this (logged)")
+    p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--eval-contexts", default="2048,8192,32768")
+    p.add_argument("--eval-haystacks", type=int, default=2)
+    p.add_argument("--eval-queries", type=int, default=32)
+    p.add_argument("--bench-seed", type=int, default=1, help="the bench's prompt seed")
+    a = p.parse_args(argv)
+    if a.smoke:
+        a.steps, a.tokens = min(a.steps, 60), 640
+        a.eval_contexts, a.eval_haystacks, a.eval_queries = "256", 1, 8
+    device = "cuda" if torch.cuda.is_available() and not a.smoke else "cpu"
+    import numpy as np
+
+    torch.manual_seed(a.seed)
+    gen = torch.Generator(device=device).manual_seed(a.seed)
+    gen_py = np.random.default_rng(a.seed)
+    shape = rm.Shape()
+    model = rm.RecallModel(shape).to(device)
+    stages = plan(a)
+    total = sum(s for _, s in stages)
+    log(f"plan: {total} steps on {device}: " + ", ".join(
+        f"{s} x {stage_batch(n, a.tokens)} x {n} tokens" for n, s in stages)
+        + f"; {rm.size_report(shape)['bf16_bytes'] / 1e6:.1f} MB of bf16 weights")  # fmt: skip
+    decay = [p_ for n, p_ in model.named_parameters() if p_.dim() >= 2 and "embed" not in n]
+    rest = [p_ for n, p_ in model.named_parameters() if not (p_.dim() >= 2 and "embed" not in n)]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
+        lr=a.lr, betas=(0.9, 0.98), fused=device == "cuda",
+    )  # fmt: skip
+    warm = max(1, total // 30)
+
+    def lr_at(step: int) -> float:
+        if step < warm:
+            return a.lr * (step + 1) / warm
+        return a.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm))))
+
+    history, step, stopped = [], 0, ""
+    t_train = time.monotonic()
+    for length, steps in stages:
+        batch = stage_batch(length, a.tokens)
+        for _ in range(steps):
+            if time.monotonic() - t_train > a.budget_s:
+                stopped = f"time budget {a.budget_s:.0f} s reached at step {step}/{total}"
+                break
+            n_rec, n_q = draw_shape(gen_py, length, a.smoke)
+            ids, target, region = draw_batch(gen, batch, length, n_rec, n_q, device)
+            fp8 = bool(step % 2)
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step)
+            with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=device == "cuda"):
+                loss, parts = loss_of(model, ids, target, region, fp8, a.chain)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            if step % a.log_every == 0 or step == total - 1:
+                history.append({"step": step, "length": length, "loss": loss.item(), "parts": parts})
+                log(f"step {step}/{total} len {length} records {n_rec}: loss {loss.item():.4f} "
+                    f"(target {parts[0]:.3f}, drafts " + " ".join(f"{x:.3f}" for x in parts[1:]) + ")")  # fmt: skip
+            step += 1
+        if stopped:
+            log(stopped)
+            break
+    train_s = time.monotonic() - t_train
+    out = Path(a.out)
+    files = rm.write_checkpoint(model.to("cpu").to(torch.float32), out)
+    model.to(device)
+    log(f"wrote {', '.join(f.name for f in files)} to {out} after {train_s:.0f} s of training")
+    contexts = [int(x) for x in a.eval_contexts.split(",")]
+    acc = evaluate(model, contexts, a.bench_seed, a.eval_haystacks, a.eval_queries, device)
+    for ctx, r in acc.items():
+        log(f"torch reference, context {ctx}: exact {r['accuracy']:.3f}, tokens "
+            f"{r['token_accuracy']:.3f}, draft depth 1 {r.get('draft1_token_accuracy', 0):.3f}")  # fmt: skip
+    report = {
+        "command": " ".join(sys.argv),
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "seed": a.seed,
+        "steps_done": step,
+        "steps_planned": total,
+        "stopped": stopped,
+        "train_s": round(train_s, 1),
+        "history": history,
+        "eval": acc,
+    }
+    (out / "train.json").write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
