@@ -118,6 +118,9 @@ class Shape:
         )
 
 
+SMOKE_SHAPE = Shape(hidden_size=32, intermediate_size=32, heads=1, moe_intermediate_size=16, n_routed_experts=2, experts_per_tok=1)
+
+
 # ---------------------------------------------------------------- building blocks
 
 

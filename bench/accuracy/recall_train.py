@@ -70,8 +70,8 @@ def draw_batch(
     is_rec = order < n_records
     sizes = torch.where(is_rec, L + 1, 1)
     starts = sizes.cumsum(1) - sizes
-    rec_start = torch.zeros(batch, n_records, dtype=torch.long, device=device)
-    rec_start.scatter_(1, order[is_rec].view(batch, n_records), starts[is_rec].view(batch, n_records))
+    # record r sits where the shuffle put item r (no boolean indexing: no host sync per step)
+    rec_start = starts.gather(1, order.argsort(1)[:, :n_records])
     ids_body = task.FILLER0 + randint(task.N_FILLERS, batch, body)
     where = rec_start[..., None] + torch.arange(L + 1, device=device)
     ids_body.scatter_(1, where.view(batch, -1), records.view(batch, -1))
@@ -96,32 +96,51 @@ def loss_of(model, ids, target, region, fp8: bool, chain: int):
     logits, drafts = model(ids, fp8=fp8, chain=chain, region=region)
     lo = ids.shape[1] - logits.shape[1]  # logits at positions lo.. predict ids[lo + 1 ..]
     terms = [_ce(logits[:, :-1], ids[:, lo + 1 :], target[:, lo + 1 :])]
-    for (lg, pos) in drafts:
-        tpos = pos + 2
-        keep = tpos < ids.shape[1]
-        pos, tpos = pos[keep], tpos[keep]
-        terms.append(_ce(lg[:, keep], ids[:, tpos], target[:, tpos]))
+    for lg, pos in drafts:
+        # positions run to T - 2; the last one's target (ids[T]) does not exist
+        tpos = pos[:-1] + 2
+        terms.append(_ce(lg[:, :-1], ids[:, tpos], target[:, tpos]))
     total = sum(w * t for w, t in zip(DEPTH_WEIGHTS, terms, strict=False))
-    return total, [t.item() for t in terms]
+    return total, terms
 
 
 def _ce(logits, labels, mask):
-    sel = mask.reshape(-1)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1])[sel].float(), labels.reshape(-1)[sel])
+    """Mean cross-entropy over the masked positions (weights, not indexing: no host sync)."""
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), reduction="none")
+    m = mask.reshape(-1).float()
+    return (ce * m).sum() / m.sum().clamp(min=1.0)
 
 
 # ---------------------------------------------------------------- schedule
 
 
-def plan(args: argparse.Namespace) -> list[tuple[int, int]]:
-    """(length, steps) stages: short sequences first (the mechanism forms fast there), then
-    long ones with up to 1,000 records (the distractor counts of the 8k and 32k prompts)."""
-    if args.smoke:
-        return [(160, args.steps)]
-    lengths = [int(x) for x in args.lengths.split(",")]
-    fractions = [float(x) for x in args.fractions.split(",")]
-    steps = [max(1, round(args.steps * f)) for f in fractions]
-    return list(zip(lengths, steps, strict=True))
+class Schedule:
+    """Stages of growing length: short sequences first (the mechanism forms fast there), then
+    long ones with up to 1,000 records (the distractor counts of the 8k and 32k prompts).
+    By time (the default on the GPU: each stage a share of --budget-s, cosine learning rate over
+    the budget, so a slower GPU trains fewer steps of the same schedule) or by steps (--steps:
+    the same run on any machine, e.g. the CPU smoke)."""
+
+    def __init__(self, lengths: list[int], shares: list[float], lr: float, budget_s: float, steps: int):
+        self.lengths, self.lr, self.budget_s, self.steps = lengths, lr, budget_s, steps
+        total = sum(shares)
+        self.bounds = [sum(shares[: i + 1]) / total for i in range(len(shares))]
+
+    def progress(self, step: int, elapsed_s: float) -> float:
+        return step / self.steps if self.steps else elapsed_s / self.budget_s
+
+    def length(self, progress: float) -> int:
+        for bound, length in zip(self.bounds, self.lengths, strict=True):
+            if progress < bound:
+                return length
+        return self.lengths[-1]
+
+    def rate(self, progress: float) -> float:
+        warm = 0.03
+        if progress < warm:
+            return self.lr * max(progress / warm, 0.01)
+        x = min(1.0, (progress - warm) / (1 - warm))
+        return self.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * x)))
 
 
 def stage_batch(length: int, tokens: int) -> int:
@@ -188,13 +207,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", required=True, help="checkpoint folder")
     p.add_argument("--smoke", action="store_true", help="CPU smoke: tiny steps, loss must fall")
     p.add_argument("--seed", type=int, default=31)
-    p.add_argument("--steps", type=int, default=2400)
+    p.add_argument("--steps", type=int, default=0, help="fixed steps (default: --budget-s of time)")
+    p.add_argument("--budget-s", type=float, default=150.0, help="training time (without --steps)")
     p.add_argument("--lengths", default="512,1024,2048,4096,8192")
-    p.add_argument("--fractions", default="0.25,0.25,0.2,0.15,0.15")
+    p.add_argument("--shares", default="0.25,0.25,0.2,0.15,0.15", help="time (or steps) per length")
     p.add_argument("--tokens", type=int, default=65536, help="tokens per step")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--chain", type=int, default=3, help="draft depths trained (EAGLE steps)")
-    p.add_argument("--budget-s", type=float, default=200.0, help="stop early past this (logged)")
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--eval-contexts", default="2048,8192,32768")
     p.add_argument("--eval-haystacks", type=int, default=2)
@@ -202,7 +221,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--bench-seed", type=int, default=1, help="the bench's prompt seed")
     a = p.parse_args(argv)
     if a.smoke:
-        a.steps, a.tokens = min(a.steps, 60), 640
+        a.steps, a.tokens, a.lengths, a.shares = a.steps or 40, 384, "128", "1"
+        a.lr = 5e-3
         a.eval_contexts, a.eval_haystacks, a.eval_queries = "256", 1, 8
     device = "cuda" if torch.cuda.is_available() and not a.smoke else "cpu"
     import numpy as np
@@ -210,12 +230,16 @@ def main(argv: list[str]) -> int:
     torch.manual_seed(a.seed)
     gen = torch.Generator(device=device).manual_seed(a.seed)
     gen_py = np.random.default_rng(a.seed)
-    shape = rm.Shape()
+    # The smoke keeps the latent shapes (the FP8 rows, kv_b_proj) but one head and a narrow
+    # residual: it proves the loop, the export and that the loss falls, in seconds on a CPU.
+    shape = rm.SMOKE_SHAPE if a.smoke else rm.Shape()
     model = rm.RecallModel(shape).to(device)
-    stages = plan(a)
-    total = sum(s for _, s in stages)
-    log(f"plan: {total} steps on {device}: " + ", ".join(
-        f"{s} x {stage_batch(n, a.tokens)} x {n} tokens" for n, s in stages)
+    lengths = [int(x) for x in a.lengths.split(",")]
+    shares = [float(x) for x in a.shares.split(",")]
+    sched = Schedule(lengths, shares, a.lr, a.budget_s, a.steps)
+    what = f"{a.steps} steps" if a.steps else f"{a.budget_s:.0f} s"
+    log(f"plan: {what} on {device}, lengths " + ", ".join(
+        f"{n} (batch {stage_batch(n, a.tokens)}, {100 * f / sum(shares):.0f} %)" for n, f in zip(lengths, shares))
         + f"; {rm.size_report(shape)['bf16_bytes'] / 1e6:.1f} MB of bf16 weights")  # fmt: skip
     decay = [p_ for n, p_ in model.named_parameters() if p_.dim() >= 2 and "embed" not in n]
     rest = [p_ for n, p_ in model.named_parameters() if not (p_.dim() >= 2 and "embed" not in n)]
@@ -223,40 +247,30 @@ def main(argv: list[str]) -> int:
         [{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
         lr=a.lr, betas=(0.9, 0.98), fused=device == "cuda",
     )  # fmt: skip
-    warm = max(1, total // 30)
-
-    def lr_at(step: int) -> float:
-        if step < warm:
-            return a.lr * (step + 1) / warm
-        return a.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm))))
-
-    history, step, stopped = [], 0, ""
+    history, step = [], 0
     t_train = time.monotonic()
-    for length, steps in stages:
-        batch = stage_batch(length, a.tokens)
-        for _ in range(steps):
-            if time.monotonic() - t_train > a.budget_s:
-                stopped = f"time budget {a.budget_s:.0f} s reached at step {step}/{total}"
-                break
-            n_rec, n_q = draw_shape(gen_py, length, a.smoke)
-            ids, target, region = draw_batch(gen, batch, length, n_rec, n_q, device)
-            fp8 = bool(step % 2)
-            for g in opt.param_groups:
-                g["lr"] = lr_at(step)
-            with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=device == "cuda"):
-                loss, parts = loss_of(model, ids, target, region, fp8, a.chain)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            if step % a.log_every == 0 or step == total - 1:
-                history.append({"step": step, "length": length, "loss": loss.item(), "parts": parts})
-                log(f"step {step}/{total} len {length} records {n_rec}: loss {loss.item():.4f} "
-                    f"(target {parts[0]:.3f}, drafts " + " ".join(f"{x:.3f}" for x in parts[1:]) + ")")  # fmt: skip
-            step += 1
-        if stopped:
-            log(stopped)
+    while True:
+        done = sched.progress(step, time.monotonic() - t_train)
+        if done >= 1.0:
             break
+        length = sched.length(done)
+        n_rec, n_q = draw_shape(gen_py, length, a.smoke)
+        ids, target, region = draw_batch(gen, stage_batch(length, a.tokens), length, n_rec, n_q, device)
+        fp8 = bool(step % 2)
+        for g in opt.param_groups:
+            g["lr"] = sched.rate(done)
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=device == "cuda"):
+            loss, parts = loss_of(model, ids, target, region, fp8, a.chain)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % a.log_every == 0:
+            parts = [t.item() for t in parts]
+            history.append({"step": step, "length": length, "loss": loss.item(), "parts": parts})
+            log(f"step {step} ({100 * done:.0f} %) len {length} records {n_rec}: loss {loss.item():.4f} "
+                f"(target {parts[0]:.3f}, drafts " + " ".join(f"{x:.3f}" for x in parts[1:]) + ")")  # fmt: skip
+        step += 1
     train_s = time.monotonic() - t_train
     out = Path(a.out)
     files = rm.write_checkpoint(model.to("cpu").to(torch.float32), out)
@@ -272,9 +286,9 @@ def main(argv: list[str]) -> int:
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "torch": torch.__version__,
         "seed": a.seed,
-        "steps_done": step,
-        "steps_planned": total,
-        "stopped": stopped,
+        "steps": step,
+        "schedule": {"lengths": a.lengths, "shares": a.shares, "budget_s": a.budget_s, "steps": a.steps,
+                     "tokens_per_step": a.tokens, "lr": a.lr},
         "train_s": round(train_s, 1),
         "history": history,
         "eval": acc,
