@@ -427,10 +427,9 @@ def save_safetensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     header: dict = {"__metadata__": {"format": "pt"}}
     blobs, offset = [], 0
     for name in sorted(tensors):
-        t = tensors[name].detach().cpu().contiguous()
-        if t.dtype != torch.float32:
-            t = t.to(torch.bfloat16)
-        dtype = "F32" if t.dtype == torch.float32 else "BF16"
+        keep_f32 = name.endswith("e_score_correction_bias")
+        t = tensors[name].detach().cpu().to(torch.float32 if keep_f32 else torch.bfloat16).contiguous()
+        dtype = "F32" if keep_f32 else "BF16"
         raw = t.view(torch.int32 if dtype == "F32" else torch.int16).numpy().tobytes()
         header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
         blobs.append(raw)
