@@ -401,6 +401,7 @@ class Run:
 
     def context(self, ctx: int, ready: list[str]) -> None:
         stacks, per = CONTEXTS[ctx]
+        stacks, per = min(stacks, self.a.haystacks or stacks), min(per, self.a.queries or per)
         hays, queries = task.bench_set(self.a.seed, ctx, stacks, per)
         self.queries[ctx] = queries
         for name in ready:
@@ -614,6 +615,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--only", default="", help="comma-separated servers (default: all)")
     p.add_argument("--contexts", default=",".join(str(c) for c in CONTEXTS))
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--haystacks", type=int, default=0, help="at most this many per context (0: all)")
+    p.add_argument("--queries", type=int, default=0, help="at most this many per haystack (0: all)")
     p.add_argument("--profiles-dir", default=str(REPO / "deploy" / "profiles"))
     p.add_argument("--ready-budget-s", type=float, default=240.0)
     p.add_argument("--deadline-s", type=float, default=330.0, help="start no context past this")

@@ -2,7 +2,7 @@
 its tokenizer, and the scorer. Stdlib only (the bench client and the CI tests import it without
 torch; bench/accuracy/recall_train.py draws training batches of the same layout on the GPU).
 
-    <s> ... k417 a3 b30 c7 d12 e0 f21 g9 h5  f17 f2 ... k88 a19 b4 ... Q k417 -> a3 b30 c7 d12 e0 f21 g9 h5
+    <s> ... k417 a3 b30 c7 d12 e0 f21 g9 h5 z17 z2 ... k88 a19 b4 ... Q k417  =>  a3 b30 c7 d12 e0 f21 g9 h5
 
 Every record is one key token (1,024 of them, unique within a prompt) and VALUE_LEN value
 tokens, slot s drawn from its own 32-symbol alphabet (letters a..h); filler tokens sit between
@@ -37,7 +37,7 @@ def tokens() -> list[str]:
     out = [*SPECIAL, QUERY, END]
     out += [f"k{i}" for i in range(N_KEYS)]
     out += [f"{SLOT_LETTERS[s]}{j}" for s in range(VALUE_LEN) for j in range(SYMBOLS)]
-    out += [f"f{i}" for i in range(N_FILLERS)]
+    out += [f"z{i}" for i in range(N_FILLERS)]
     return out
 
 
