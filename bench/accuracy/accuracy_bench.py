@@ -47,7 +47,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -143,9 +142,13 @@ def sglang_args(v: Variant) -> list[str]:
     return args + (MTP_ARGS if v.mtp else [])
 
 
-def launch_argv(v: Variant, port: int, model: Path, build_info: Path, a: argparse.Namespace) -> list[str]:
+def launch_argv(
+    v: Variant, port: int, model: Path, build_info: Path, emulator: bool,
+    profile: str = "tiny-mla", profiles_dir: str = str(REPO / "deploy" / "profiles"),
+    extra: tuple[str, ...] = (),
+) -> list[str]:  # fmt: skip
     py = sys.executable
-    if a.emulator:
+    if emulator:
         return [
             py, "-m", "glmserve.emulator", "--host", "127.0.0.1", "--port", str(port),
             "--tpot-ms", "1.0", "--ttft-ms", "2", "--cost-model", v.cost, "--layers", "2",
@@ -153,9 +156,9 @@ def launch_argv(v: Variant, port: int, model: Path, build_info: Path, a: argpars
             "--model-path", str(model), "--build-info-file", str(build_info), "--health-delay-s", "0",
         ]  # fmt: skip
     return [
-        py, "-m", "glmserve.launch", "--profile", "tiny-mla", "--profiles-dir", a.profiles_dir,
+        py, "-m", "glmserve.launch", "--profile", profile, "--profiles-dir", profiles_dir,
         "--model-path", str(model), "--tp", "1", "--host", "127.0.0.1", "--port", str(port),
-        "--build-info", str(build_info), "--", *sglang_args(v),
+        "--build-info", str(build_info), "--", *sglang_args(v), *extra,
     ]  # fmt: skip
 
 
@@ -266,6 +269,179 @@ def ask_haystack(url: str, hay_json: str, keys: list[int], logprobs: bool) -> li
     return out
 
 
+# ---------------------------------------------------------------- a set of recall servers
+
+
+class RecallCheck:
+    """Recall-model servers, one per variant, and what they answered: this bench's whole run,
+    and the agreement check bench/e2e/native.py and lines.py run beside their dummy-weight
+    timing servers (whose outputs cannot depend on attention)."""
+
+    def __init__(
+        self, variants: dict[str, Variant], *, model: Path, work: Path, out: Path,
+        emulator: bool, port_base: int, reference: str, profile: str = "tiny-mla",
+        profiles_dir: str = str(REPO / "deploy" / "profiles"), site: str = "",
+        extra: tuple[str, ...] = (), prefix: str = "",
+    ) -> None:  # fmt: skip
+        self.variants = dict(variants)
+        self.model, self.work, self.out = Path(model), Path(work), Path(out)
+        self.emulator, self.port_base, self.reference = emulator, port_base, reference
+        self.profile, self.profiles_dir, self.site, self.extra = profile, profiles_dir, site, extra
+        self.prefix = prefix  # log and file names: beside other servers of a bench
+        self.servers: dict[str, ServerProcess] = {}
+        self.docs: dict[str, dict[str, Any]] = {}
+        self.notes: list[str] = []
+        self.queries: dict[int, list[task.Query]] = {}
+        self.outcomes: dict[str, dict[int, list[Outcome]]] = {n: {} for n in self.variants}
+
+    def note(self, msg: str) -> None:
+        self.notes.append(msg)
+        log(msg)
+
+    def start(self) -> None:
+        wide = self.work / "recall-mla-16h"
+        if any(v.heads == 16 for v in self.variants.values()):
+            self.widen(self.model, wide)
+        miswired_site = None
+        if any(v.miswired for v in self.variants.values()) and not self.emulator:
+            try:
+                miswired_site = prepare_miswired_site(Path(self.site), self.work / "miswired-site")
+                log(f"miswired tree ready: {miswired_site}")
+            except Exception as exc:
+                self.note(f"miswired server left out: {MISWIRE_DIFF.name} does not apply: {exc}")
+                self.variants = {n: v for n, v in self.variants.items() if not v.miswired}
+        for i, (name, v) in enumerate(self.variants.items()):
+            port = free_port() if self.emulator else self.port_base + i
+            tag = self.prefix + name
+            info = self.out / "buildinfo" / f"{tag}.json"
+            model = self.model if v.heads == 8 else wide
+            argv = launch_argv(v, port, model, info, self.emulator, self.profile,
+                               self.profiles_dir, self.extra)  # fmt: skip
+            env = server_env(v, info, miswired_site)
+            srv = ServerProcess(argv, env, self.out / "logs" / f"{tag}.log", f"http://127.0.0.1:{port}",
+                                pid_file=os.environ.get("E2E_PGID_FILE"))  # fmt: skip
+            self.servers[name] = srv
+            self.docs[name] = {"what": v.what, "argv": shlex.join(argv), "env": {
+                k: env[k] for k in ("GLMSERVE_FP8_GATHER", "GLMSERVE_FP8_ATTENTION")}}  # fmt: skip
+            srv.start()
+        log(f"started {len(self.servers)} recall servers: {', '.join(self.servers)}")
+
+    def widen(self, narrow: Path, wide: Path) -> None:
+        """The 16-head checkpoint: recall_model.widen of the 8-head one (the same function)."""
+        import recall_model as rm
+
+        model = rm.read_checkpoint(narrow)
+        if model.shape.heads != 8:
+            raise SystemExit(f"accuracy_bench: {narrow} has {model.shape.heads} heads, not 8")
+        rm.write_checkpoint(rm.widen(model), wide)
+        log(f"16-head checkpoint written to {wide}")
+
+    def poll(self, pending: dict[str, ServerProcess]) -> None:
+        """One round of readiness polls over `pending` (ready or failed ones leave it)."""
+        for name, srv in list(pending.items()):
+            if srv.poll_ready():
+                self.docs[name]["ready_s"] = round(srv.ready_s or 0, 1)
+                log(f"{self.prefix}{name} ready after {srv.ready_s:.0f} s")
+                del pending[name]
+            elif srv.error:
+                self.docs[name]["error"] = srv.error
+                log(f"{self.prefix}{name} FAILED: {srv.error}")
+                del pending[name]
+
+    def wait_ready(self, budget_s: float) -> list[str]:
+        end = time.monotonic() + budget_s
+        pending = dict(self.servers)
+        while pending and time.monotonic() < end:
+            self.poll(pending)
+            time.sleep(0.5)
+        for name in pending:
+            self.docs[name]["error"] = f"not ready within {budget_s:.0f} s"
+        return self.ready()
+
+    def ready(self) -> list[str]:
+        return [n for n in self.servers if "ready_s" in self.docs[n]]
+
+    def context(self, seed: int, ctx: int, stacks: int, per: int) -> None:
+        """Every ready server asked the same queries at once (interleaved)."""
+        hays, queries = task.bench_set(seed, ctx, stacks, per)
+        self.queries[ctx] = queries
+        ready = self.ready()
+        for name in ready:
+            self.outcomes[name][ctx] = [Outcome(error="not asked") for _ in queries]
+        for h, hay in enumerate(hays):
+            hay_json = ",".join(map(str, hay.ids))
+            idx = [i for i, q in enumerate(queries) if q.haystack == h]
+            keys = [queries[i].key for i in idx]
+
+            def serve(
+                name: str, hay_json: str = hay_json, keys: list[int] = keys
+            ) -> tuple[str, list[Outcome]]:
+                logprobs = not self.variants[name].mtp
+                return name, ask_haystack(self.servers[name].url, hay_json, keys, logprobs)
+
+            with ThreadPoolExecutor(max(1, len(ready))) as pool:
+                for name, got in pool.map(serve, ready):
+                    for i, o in zip(idx, got, strict=True):
+                        self.outcomes[name][ctx][i] = o
+
+    def results(self) -> dict[str, Any]:
+        """Per server and context: accuracy, errors, radix hits, acceptance length, and
+        agreement with the reference server (KL, |d logprob|, identical outputs)."""
+        res: dict[str, Any] = {}
+        for name in self.variants:
+            per: dict[str, Any] = {}
+            for ctx, outs in self.outcomes.get(name, {}).items():
+                qs = self.queries[ctx]
+                s = task.score([o.ids for o in outs], [q.answer for q in qs])
+                r: dict[str, Any] = {**s.as_dict(), "errors": sum(bool(o.error) for o in outs)}
+                errs = [o.error for o in outs if o.error]
+                if errs:
+                    r["first_error"] = errs[0]
+                prompt = sum(o.prompt for o in outs)
+                r["cached_fraction"] = sum(o.cached for o in outs) / prompt if prompt else None
+                verify = sum(o.verify_ct or 0 for o in outs)
+                if verify:
+                    r["accept_length"] = sum(o.completion for o in outs if o.verify_ct) / verify
+                ref = self.outcomes.get(self.reference, {}).get(ctx)
+                if ref is not None and name != self.reference:
+                    r["identical_to_reference"] = sum(
+                        m.ids == t.ids for m, t in zip(outs, ref, strict=True) if not m.error
+                    )
+                    agree = task.Agreement()
+                    for mine, theirs in zip(outs, ref, strict=True):
+                        if mine.top and theirs.top:
+                            agree.add(
+                                theirs.ids,
+                                mine.ids,
+                                theirs.top,
+                                mine.top,
+                                theirs.chosen,
+                                mine.chosen,
+                            )
+                    r["vs_reference"] = agree.as_dict() if agree.outputs else None
+                up = self.outcomes.get("upstream", {}).get(ctx)
+                if up is not None and name != "upstream":
+                    r["identical_to_upstream"] = sum(
+                        m.ids == u.ids for m, u in zip(outs, up, strict=True) if not m.error
+                    )
+                per[str(ctx)] = r
+            res[name] = per
+        return res
+
+    def stop(self) -> None:
+        stop_all(list(self.servers.values()))
+        for name, srv in self.servers.items():
+            text = srv.log_path.read_text(errors="replace") if srv.log_path.exists() else ""
+            d = self.docs[name]
+            d["log"] = an.log_facts(text)
+            d["decode_path_log"] = [
+                ln for ln in text.splitlines()
+                if "glmserve FP8 KV decode" in ln or "self-test" in ln or "Traceback" in ln
+            ][:4]  # fmt: skip
+            if "error" in d:
+                d["log_tail"] = text.splitlines()[-15:]
+
+
 # ---------------------------------------------------------------- the run
 
 
@@ -274,15 +450,18 @@ class Run:
         self.a = a
         self.out = Path(a.out)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.names = [n for n in (a.only.split(",") if a.only else VARIANTS) if n]
-        unknown = [n for n in self.names if n not in VARIANTS]
+        names = [n for n in (a.only.split(",") if a.only else VARIANTS) if n]
+        unknown = [n for n in names if n not in VARIANTS]
         if unknown:
-            raise SystemExit(f"accuracy_bench: unknown server(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
+            raise SystemExit(
+                f"accuracy_bench: unknown server(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}"
+            )
         self.contexts = [int(c) for c in a.contexts.split(",") if c]
-        self.servers: dict[str, ServerProcess] = {}
-        # outcomes[name][context] = list aligned with the context's queries
-        self.outcomes: dict[str, dict[int, list[Outcome]]] = {n: {} for n in self.names}
-        self.queries: dict[int, list[task.Query]] = {}
+        self.check = RecallCheck(
+            {n: VARIANTS[n] for n in names}, model=Path(a.model), work=Path(a.work), out=self.out,
+            emulator=a.emulator, port_base=PORT_BASE, reference=REFERENCE,
+            profiles_dir=a.profiles_dir, site=a.site,
+        )  # fmt: skip
         self.doc: dict[str, Any] = {
             "what": "recall-task accuracy and logprob agreement per KV path, real SGLang servers",
             "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -290,22 +469,16 @@ class Run:
             "mode": "emulator" if a.emulator else "device",
             "meta": {},
             "plan": {},
-            "servers": {},
+            "servers": self.check.docs,
             "results": {},
             "bars": [],
-            "notes": [],
+            "notes": self.check.notes,
         }
-
-    # -- bookkeeping
 
     def save(self) -> None:
         self.doc["total_s"] = round(time.monotonic() - T0, 1)
         (self.out / "accuracy.json").write_text(json.dumps(self.doc, indent=1) + "\n")
         (self.out / "accuracy.md").write_text(markdown(self.doc))
-
-    def note(self, msg: str) -> None:
-        self.doc["notes"].append(msg)
-        log(msg)
 
     def meta(self) -> None:
         m = self.doc["meta"]
@@ -321,144 +494,32 @@ class Run:
             m["device"] = q.stdout.strip() or "no GPU"
         except (OSError, subprocess.TimeoutExpired):
             m["device"] = "no GPU"
-        train = Path(self.a.model) / "train.json"
         with contextlib.suppress(OSError, ValueError):
-            t = json.loads(train.read_text())
-            m["model_training"] = {k: t.get(k) for k in ("device", "torch", "seed", "steps", "train_s", "eval")}
+            t = json.loads((Path(self.a.model) / "train.json").read_text())
+            m["model_training"] = {
+                k: t.get(k) for k in ("device", "torch", "seed", "steps", "train_s", "eval")
+            }
         m["model"] = str(self.a.model)
+
+    def shape(self, ctx: int) -> tuple[int, int]:
+        stacks, per = CONTEXTS[ctx]
+        return min(stacks, self.a.haystacks or stacks), min(per, self.a.queries or per)
 
     def plan(self) -> None:
         """What runs, with the seconds each phase is expected to take (printed first)."""
-        self.need = {ctx: 8 + CONTEXTS[ctx][0] * (2 + ctx / 8192) for ctx in self.contexts}
-        est = {"server start (all at once, warm JIT cache)": 75.0}
+        n = len(self.check.variants)
+        self.need = {ctx: 8 + self.shape(ctx)[0] * (2 + ctx / 8192) for ctx in self.contexts}
+        est = {f"start {n} servers at once (warm JIT cache)": 75.0}
         for ctx in self.contexts:
-            stacks, per = CONTEXTS[ctx]
-            est[f"context {ctx}: {stacks} haystacks x {per} queries on {len(self.names)} servers"] = self.need[ctx]
+            stacks, per = self.shape(ctx)
+            est[f"context {ctx}: {stacks} haystacks x {per} queries on {n} servers"] = self.need[
+                ctx
+            ]
         est["stop servers, report"] = 15.0
-        self.doc["plan"] = {"servers": {n: VARIANTS[n].what for n in self.names}, "estimate_s": est,
-                            "total_estimate_s": round(sum(est.values()))}  # fmt: skip
+        self.doc["plan"] = {"servers": {k: v.what for k, v in self.check.variants.items()},
+                            "estimate_s": est, "total_estimate_s": round(sum(est.values()))}  # fmt: skip
         log("plan: " + "; ".join(f"{k} ~{v:.0f} s" for k, v in est.items())
             + f"; total ~{sum(est.values()):.0f} s")  # fmt: skip
-
-    # -- phases
-
-    def start(self) -> None:
-        a = self.a
-        wide = Path(a.work) / "recall-mla-16h"
-        narrow = Path(a.model)
-        self.widen(narrow, wide)
-        miswired_site = None
-        if "miswired" in self.names and not a.emulator:
-            try:
-                miswired_site = prepare_miswired_site(Path(a.site), Path(a.work) / "miswired-site")
-                log(f"miswired tree ready: {miswired_site}")
-            except Exception as exc:
-                self.note(f"miswired server left out: {MISWIRE_DIFF.name} does not apply: {exc}")
-                self.names.remove("miswired")
-        for i, name in enumerate(self.names):
-            v = VARIANTS[name]
-            port = free_port() if a.emulator else PORT_BASE + i
-            info = self.out / "buildinfo" / f"{name}.json"
-            model = narrow if v.heads == 8 else wide
-            argv = launch_argv(v, port, model, info, a)
-            env = server_env(v, info, miswired_site)
-            srv = ServerProcess(argv, env, self.out / "logs" / f"{name}.log", f"http://127.0.0.1:{port}",
-                                pid_file=os.environ.get("E2E_PGID_FILE"))  # fmt: skip
-            self.servers[name] = srv
-            self.doc["servers"][name] = {"what": v.what, "argv": shlex.join(argv), "env": {
-                k: env[k] for k in ("GLMSERVE_FP8_GATHER", "GLMSERVE_FP8_ATTENTION")}}  # fmt: skip
-            srv.start()
-        log(f"started {len(self.servers)} servers: {', '.join(self.servers)}")
-
-    def widen(self, narrow: Path, wide: Path) -> None:
-        """The 16-head checkpoint: recall_model.widen of the 8-head one (exactly the same function)."""
-        import recall_model as rm
-
-        model = rm.read_checkpoint(narrow)
-        if model.shape.heads != 8:
-            raise SystemExit(f"accuracy_bench: {narrow} has {model.shape.heads} heads, not 8")
-        rm.write_checkpoint(rm.widen(model), wide)
-        log(f"16-head checkpoint written to {wide}")
-
-    def wait_ready(self) -> list[str]:
-        end = time.monotonic() + self.a.ready_budget_s
-        pending = dict(self.servers)
-        while pending and time.monotonic() < end:
-            for name, srv in list(pending.items()):
-                if srv.poll_ready():
-                    self.doc["servers"][name]["ready_s"] = round(srv.ready_s or 0, 1)
-                    log(f"{name} ready after {srv.ready_s:.0f} s")
-                    del pending[name]
-                elif srv.error:
-                    self.doc["servers"][name]["error"] = srv.error
-                    log(f"{name} FAILED: {srv.error}")
-                    del pending[name]
-            time.sleep(0.5)
-        for name in pending:
-            self.doc["servers"][name]["error"] = f"not ready within {self.a.ready_budget_s:.0f} s"
-        self.save()
-        return [n for n in self.servers if "ready_s" in self.doc["servers"][n]]
-
-    def context(self, ctx: int, ready: list[str]) -> None:
-        stacks, per = CONTEXTS[ctx]
-        stacks, per = min(stacks, self.a.haystacks or stacks), min(per, self.a.queries or per)
-        hays, queries = task.bench_set(self.a.seed, ctx, stacks, per)
-        self.queries[ctx] = queries
-        for name in ready:
-            self.outcomes[name][ctx] = [Outcome(error="not asked") for _ in queries]
-        for h, hay in enumerate(hays):
-            hay_json = ",".join(map(str, hay.ids))
-            idx = [i for i, q in enumerate(queries) if q.haystack == h]
-            keys = [queries[i].key for i in idx]
-
-            def serve(name: str) -> tuple[str, list[Outcome]]:
-                v = VARIANTS[name]
-                return name, ask_haystack(self.servers[name].url, hay_json, keys, logprobs=not v.mtp)
-
-            with ThreadPoolExecutor(len(ready)) as pool:  # every server at once: interleaved
-                for name, got in pool.map(serve, ready):
-                    for i, o in zip(idx, got, strict=True):
-                        self.outcomes[name][ctx][i] = o
-        self.summarize()
-        self.save()
-
-    # -- results
-
-    def summarize(self) -> None:
-        res: dict[str, Any] = {}
-        for name in self.names:
-            per: dict[str, Any] = {}
-            for ctx, outs in self.outcomes.get(name, {}).items():
-                qs = self.queries[ctx]
-                s = task.score([o.ids for o in outs], [q.answer for q in qs])
-                r: dict[str, Any] = {**s.as_dict(), "errors": sum(bool(o.error) for o in outs)}
-                errs = [o.error for o in outs if o.error]
-                if errs:
-                    r["first_error"] = errs[0]
-                prompt = sum(o.prompt for o in outs)
-                r["cached_fraction"] = sum(o.cached for o in outs) / prompt if prompt else None
-                verify = sum(o.verify_ct or 0 for o in outs)
-                if verify:
-                    r["accept_length"] = sum(o.completion for o in outs if o.verify_ct) / verify
-                ref = self.outcomes.get(REFERENCE, {}).get(ctx)
-                if ref is not None and name != REFERENCE and not VARIANTS[name].mtp:
-                    agree = task.Agreement()
-                    for mine, theirs in zip(outs, ref, strict=True):
-                        if mine.top and theirs.top:
-                            agree.add(theirs.ids, mine.ids, theirs.top, mine.top, theirs.chosen, mine.chosen)
-                    r["vs_bf16"] = agree.as_dict() if agree.outputs else None
-                    r["greedy_identical_to_bf16"] = sum(
-                        m.ids == t.ids for m, t in zip(outs, ref, strict=True) if not m.error
-                    )
-                up = self.outcomes.get("upstream", {}).get(ctx)
-                if up is not None and name in ("gather", "native"):
-                    r["greedy_identical_to_upstream"] = sum(
-                        m.ids == u.ids for m, u in zip(outs, up, strict=True) if not m.error
-                    )
-                per[str(ctx)] = r
-            res[name] = per
-        self.doc["results"] = res
-        self.doc["bars"] = bars(res, self.contexts)
 
     def execute(self) -> int:
         def on_term(_s: int, _f: Any) -> None:
@@ -468,45 +529,44 @@ class Run:
         self.meta()
         self.plan()
         self.save()
+        check = self.check
         try:
-            self.start()
-            ready = self.wait_ready()
+            check.start()
+            ready = check.wait_ready(self.a.ready_budget_s)
+            self.save()
             if REFERENCE not in ready:
-                self.note("the BF16 reference server is not up: accuracy only, no agreement")
+                check.note("the BF16 reference server is not up: accuracy only, no agreement")
             for ctx in self.contexts:
                 left = self.a.deadline_s - (time.monotonic() - T0)
-                need = self.need[ctx]
-                if left < need:
-                    self.note(f"context {ctx} skipped: {left:.0f} s left, needs ~{need:.0f} s")
+                if left < self.need[ctx]:
+                    check.note(
+                        f"context {ctx} skipped: {left:.0f} s left, needs ~{self.need[ctx]:.0f} s"
+                    )
                     continue
                 t = time.monotonic()
                 log(f"context {ctx}")
                 try:
-                    self.context(ctx, ready)
+                    check.context(self.a.seed, ctx, *self.shape(ctx))
                 except Exception as exc:
-                    self.note(f"context {ctx} failed: {type(exc).__name__}: {exc}"[:300])
+                    check.note(f"context {ctx} failed: {type(exc).__name__}: {exc}"[:300])
                 self.doc.setdefault("phase_s", {})[str(ctx)] = round(time.monotonic() - t, 1)
+                self.summarize()
+                self.save()
                 log(f"context {ctx} done in {time.monotonic() - t:.0f} s: "
                     + ", ".join(f"{n} {self.doc['results'].get(n, {}).get(str(ctx), {}).get('accuracy', 0):.3f}"
                                 for n in ready))  # fmt: skip
         except Stop:
             self.doc["stopped"] = "SIGTERM (the device job's hard stop): partial results"
         finally:
-            stop_all(list(self.servers.values()))
-            for name, srv in self.servers.items():
-                text = srv.log_path.read_text(errors="replace") if srv.log_path.exists() else ""
-                s = self.doc["servers"][name]
-                s["log"] = an.log_facts(text)
-                s["decode_path_log"] = [
-                    ln for ln in text.splitlines()
-                    if "glmserve FP8 KV decode" in ln or "self-test" in ln or "Traceback" in ln
-                ][:4]  # fmt: skip
-                if "error" in s:
-                    s["log_tail"] = text.splitlines()[-15:]
+            check.stop()
             self.summarize()
             self.save()
         print(markdown(self.doc))
         return 0
+
+    def summarize(self) -> None:
+        self.doc["results"] = self.check.results()
+        self.doc["bars"] = bars(self.doc["results"], self.contexts)
 
 
 def bars(res: dict[str, Any], contexts: list[int]) -> list[dict[str, Any]]:
@@ -528,20 +588,36 @@ def bars(res: dict[str, Any], contexts: list[int]) -> list[dict[str, Any]]:
                 out.append({"bar": f"{name} accuracy within 1 point of BF16 KV at {ctx}",
                             "value": mine - ref, "pass": mine >= ref - 0.01})  # fmt: skip
         for ctx in contexts:
-            kl = (res.get(name, {}).get(str(ctx), {}).get("vs_bf16") or {}).get("kl_mean")
-            up = (res.get("upstream", {}).get(str(ctx), {}).get("vs_bf16") or {}).get("kl_mean")
+            kl = (res.get(name, {}).get(str(ctx), {}).get("vs_reference") or {}).get("kl_mean")
+            up = (res.get("upstream", {}).get(str(ctx), {}).get("vs_reference") or {}).get(
+                "kl_mean"
+            )
             if kl is not None and up is not None and not name.endswith("-8h"):
                 # gather equals upstream bit for bit; native sums in another order: 5 % + 1e-6 of slack
                 out.append({"bar": f"{name} KL vs BF16 <= upstream's (+5 %) at {ctx}",
                             "value": kl / up if up else float(kl == 0), "pass": kl <= 1.05 * up + 1e-6})  # fmt: skip
-    lengths = [r.get("accept_length") for r in res.get("bf16-mtp", {}).values() if r.get("accept_length")]
+    lengths = [
+        r.get("accept_length") for r in res.get("bf16-mtp", {}).values() if r.get("accept_length")
+    ]
     if lengths:
         m = min(lengths)
-        out.append({"bar": "MTP acceptance length >= 2.5 with BF16 KV (every context)", "value": m, "pass": m >= 2.5})
+        out.append(
+            {
+                "bar": "MTP acceptance length >= 2.5 with BF16 KV (every context)",
+                "value": m,
+                "pass": m >= 2.5,
+            }
+        )
     for ctx in contexts:
         w = acc("miswired", ctx)
         if w is not None:
-            out.append({"bar": f"miswired accuracy < 0.5 at {ctx} (the check can fail)", "value": w, "pass": w < 0.5})
+            out.append(
+                {
+                    "bar": f"miswired accuracy < 0.5 at {ctx} (the check can fail)",
+                    "value": w,
+                    "pass": w < 0.5,
+                }
+            )
     return out
 
 
@@ -569,18 +645,27 @@ def markdown(doc: dict[str, Any]) -> str:
                       f"{c} {r.get('accuracy', 0):.3f}" for c, r in (t.get("eval") or {}).items()), ""]  # fmt: skip
     res = doc.get("results", {})
     ctxs = sorted({int(c) for r in res.values() for c in r}, key=int)
-    head = "| server | " + " | ".join(f"acc {c} (tokens)" for c in ctxs) + " | KL mean / max vs BF16 | abs d logprob mean / max | diverged / outputs | cached | accept len |"
+    head = (
+        "| server | "
+        + " | ".join(f"acc {c} (tokens)" for c in ctxs)
+        + " | KL mean / max vs BF16 | abs d logprob mean / max | diverged / outputs | cached | accept len |"
+    )
     lines += [head, "|" + "---|" * (6 + len(ctxs))]
     for name, per in res.items():
-        cells = [f"{f(per.get(str(c), {}).get('accuracy'), '.3f')} ({f(per.get(str(c), {}).get('token_accuracy'), '.3f')})" for c in ctxs]
-        vs = [r.get("vs_bf16") for r in per.values() if r.get("vs_bf16")]
+        cells = [
+            f"{f(per.get(str(c), {}).get('accuracy'), '.3f')} ({f(per.get(str(c), {}).get('token_accuracy'), '.3f')})"
+            for c in ctxs
+        ]
+        vs = [r.get("vs_reference") for r in per.values() if r.get("vs_reference")]
         kl_mean = max((v["kl_mean"] for v in vs), default=None)
         kl_max = max((v["kl_max"] for v in vs), default=None)
         d_mean = max((v["abs_dlogprob_mean"] for v in vs), default=None)
         d_max = max((v["abs_dlogprob_max"] for v in vs), default=None)
         div = sum(v["divergent_outputs"] for v in vs) if vs else None
         outs = sum(v["outputs"] for v in vs) if vs else None
-        cached = [r.get("cached_fraction") for r in per.values() if r.get("cached_fraction") is not None]
+        cached = [
+            r.get("cached_fraction") for r in per.values() if r.get("cached_fraction") is not None
+        ]
         acc_len = [r.get("accept_length") for r in per.values() if r.get("accept_length")]
         lines.append(
             f"| {name} | " + " | ".join(cells)
@@ -597,7 +682,10 @@ def markdown(doc: dict[str, Any]) -> str:
     lines += ["", "## Servers", ""]
     for name, s in doc.get("servers", {}).items():
         state = f"ready {s['ready_s']} s" if "ready_s" in s else s.get("error", "not started")
-        lines.append(f"- {name} ({s.get('what')}): {s.get('env')}: {state}; " + "; ".join(s.get("decode_path_log", [])))
+        lines.append(
+            f"- {name} ({s.get('what')}): {s.get('env')}: {state}; "
+            + "; ".join(s.get("decode_path_log", []))
+        )
     if doc.get("notes"):
         lines += ["", "## Notes", ""] + [f"- {n}" for n in doc["notes"]]
     if doc.get("stopped"):
@@ -608,14 +696,24 @@ def markdown(doc: dict[str, Any]) -> str:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
-    p.add_argument("--model", default=str(REPO / "bench" / "models" / "recall-mla"), help="the 8-head checkpoint")
+    p.add_argument(
+        "--model",
+        default=str(REPO / "bench" / "models" / "recall-mla"),
+        help="the 8-head checkpoint",
+    )
     p.add_argument("--site", default="", help="the patched SGLang site (for the miswired copy)")
-    p.add_argument("--work", default="/tmp/glmserve-accuracy", help="scratch: the 16-head and miswired copies")
-    p.add_argument("--emulator", action="store_true", help="emulators stand in (the client logic, no GPU)")
+    p.add_argument(
+        "--work", default="/tmp/glmserve-accuracy", help="scratch: the 16-head and miswired copies"
+    )
+    p.add_argument(
+        "--emulator", action="store_true", help="emulators stand in (the client logic, no GPU)"
+    )
     p.add_argument("--only", default="", help="comma-separated servers (default: all)")
     p.add_argument("--contexts", default=",".join(str(c) for c in CONTEXTS))
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--haystacks", type=int, default=0, help="at most this many per context (0: all)")
+    p.add_argument(
+        "--haystacks", type=int, default=0, help="at most this many per context (0: all)"
+    )
     p.add_argument("--queries", type=int, default=0, help="at most this many per haystack (0: all)")
     p.add_argument("--profiles-dir", default=str(REPO / "deploy" / "profiles"))
     p.add_argument("--ready-budget-s", type=float, default=240.0)

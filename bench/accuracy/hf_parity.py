@@ -44,21 +44,33 @@ def hf_nextn(hf, cfg, tensors, n_layers):
 
     prefix = f"model.layers.{n_layers}."
     layer = m.DeepseekV3DecoderLayer(cfg, layer_idx=n_layers)  # >= first_k_dense_replace: MoE
-    norms = {k: m.DeepseekV3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps) for k in ("enorm", "hnorm", "head")}
+    norms = {
+        k: m.DeepseekV3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        for k in ("enorm", "hnorm", "head")
+    }
     eh = torch.nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=False)
     own = {k[len(prefix) :]: v.float() for k, v in tensors.items() if k.startswith(prefix)}
     sd = {}
     for k, v in own.items():
-        if not k.startswith(("self_attn.", "mlp.", "input_layernorm.", "post_attention_layernorm.")):
+        if not k.startswith(
+            ("self_attn.", "mlp.", "input_layernorm.", "post_attention_layernorm.")
+        ):
             continue
         if ".experts." in k and "shared_experts" not in k:
             continue
         sd[k] = v
     e = cfg.n_routed_experts
     sd["mlp.experts.gate_up_proj"] = torch.stack(
-        [torch.cat([own[f"mlp.experts.{i}.gate_proj.weight"], own[f"mlp.experts.{i}.up_proj.weight"]]) for i in range(e)]
+        [
+            torch.cat(
+                [own[f"mlp.experts.{i}.gate_proj.weight"], own[f"mlp.experts.{i}.up_proj.weight"]]
+            )
+            for i in range(e)
+        ]
     )
-    sd["mlp.experts.down_proj"] = torch.stack([own[f"mlp.experts.{i}.down_proj.weight"] for i in range(e)])
+    sd["mlp.experts.down_proj"] = torch.stack(
+        [own[f"mlp.experts.{i}.down_proj.weight"] for i in range(e)]
+    )
     missing, unexpected = layer.load_state_dict(sd, strict=False)
     if missing or unexpected:
         raise SystemExit(f"NextN layer: missing {missing}, unexpected {unexpected}")
@@ -89,7 +101,9 @@ def main(argv: list[str]) -> int:
         import transformers
         from transformers import AutoConfig, DeepseekV3ForCausalLM
     except ImportError as exc:
-        print(f"hf_parity: transformers is not importable ({exc}); see the docstring", file=sys.stderr)
+        print(
+            f"hf_parity: transformers is not importable ({exc}); see the docstring", file=sys.stderr
+        )
         return 2
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
@@ -100,7 +114,7 @@ def main(argv: list[str]) -> int:
         else:
             ours = rm.RecallModel(rm.Shape())
             with torch.no_grad():
-                for name, prm in ours.named_parameters():
+                for prm in ours.parameters():
                     if prm.dim() >= 2:
                         prm.mul_(4.0)  # std 0.08: logits far from uniform
             model_dir = Path(tmp) / "random"
@@ -117,7 +131,9 @@ def main(argv: list[str]) -> int:
             mine, _, _ = ours.target(ids)
             _, drafts = ours(ids, chain=1)
             mine_draft = drafts[0][0]
-            hf = DeepseekV3ForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32, attn_implementation="sdpa").eval()
+            hf = DeepseekV3ForCausalLM.from_pretrained(
+                model_dir, torch_dtype=torch.float32, attn_implementation="sdpa"
+            ).eval()
             out = hf(ids, output_hidden_states=True)
             theirs = out.logits
             hidden = out.hidden_states[-1]
@@ -125,7 +141,9 @@ def main(argv: list[str]) -> int:
             cfg = AutoConfig.from_pretrained(model_dir)
             cfg._attn_implementation = "sdpa"
             theirs_draft = hf_nextn(hf, cfg, tensors, ours.shape.layers)(ids, hidden)
-            wide = DeepseekV3ForCausalLM.from_pretrained(wide_dir, torch_dtype=torch.float32, attn_implementation="sdpa").eval()
+            wide = DeepseekV3ForCausalLM.from_pretrained(
+                wide_dir, torch_dtype=torch.float32, attn_implementation="sdpa"
+            ).eval()
             theirs_wide = wide(ids).logits
 
     def compare(x, y):
@@ -138,7 +156,9 @@ def main(argv: list[str]) -> int:
     checks = {
         "target (DeepseekV3ForCausalLM)": compare(mine, theirs),
         "NextN draft, depth 1 (DeepseekV3DecoderLayer, MoE)": compare(mine_draft, theirs_draft),
-        "16-head widening (DeepseekV3ForCausalLM on the wide checkpoint)": compare(mine, theirs_wide),
+        "16-head widening (DeepseekV3ForCausalLM on the wide checkpoint)": compare(
+            mine, theirs_wide
+        ),
     }
     ok = all(c["max_abs_diff"] <= a.tolerance and c["argmax_agree"] == 1.0 for c in checks.values())
     lines = [
@@ -152,7 +172,9 @@ def main(argv: list[str]) -> int:
         "|---|---|---|---|",
     ]
     for name, c in checks.items():
-        lines.append(f"| {name} | {c['max_abs_diff']:.2e} | {c['logit_range']:.2f} | {c['argmax_agree']:.4f} |")
+        lines.append(
+            f"| {name} | {c['max_abs_diff']:.2e} | {c['logit_range']:.2f} | {c['argmax_agree']:.4f} |"
+        )
     lines += ["", f"Tolerance {a.tolerance:g}: {'PASS' if ok else 'FAIL'}.", ""]
     text = "\n".join(lines)
     print(text)

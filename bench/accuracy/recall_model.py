@@ -30,11 +30,10 @@ import struct
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import recall_task as task
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-import recall_task as task
 
 KV_LORA, ROPE, NOPE, V_DIM = 512, 64, 128, 128
 QK_DIM = NOPE + ROPE
@@ -118,7 +117,14 @@ class Shape:
         )
 
 
-SMOKE_SHAPE = Shape(hidden_size=32, intermediate_size=32, heads=1, moe_intermediate_size=16, n_routed_experts=2, experts_per_tok=1)
+SMOKE_SHAPE = Shape(
+    hidden_size=32,
+    intermediate_size=32,
+    heads=1,
+    moe_intermediate_size=16,
+    n_routed_experts=2,
+    experts_per_tok=1,
+)
 
 
 # ---------------------------------------------------------------- building blocks
@@ -323,7 +329,7 @@ class RecallModel(nn.Module):
         answer region (region: the first query's index; 0 = everywhere), where the loss is."""
         lo = max(region - 1, 0)
         logits, h, emb = self.target(ids, fp8, logits_from=lo)
-        b, t = ids.shape
+        t = ids.shape[1]
         nx = self.nextn
         a = nx.layer.self_attn
         pos1 = torch.arange(t - 1, device=ids.device)
@@ -387,9 +393,11 @@ class RecallModel(nn.Module):
         out: dict[str, torch.Tensor] = {}
         n = self.shape.layers
         for name, t in self.state_dict().items():
-            if name.startswith("embed_tokens."):
-                key = "model." + name
-            elif name.startswith("layers.") or name.startswith("norm."):
+            if (
+                name.startswith("embed_tokens.")
+                or name.startswith("layers.")
+                or name.startswith("norm.")
+            ):
                 key = "model." + name
             elif name.startswith("lm_head."):
                 key = name
@@ -428,10 +436,20 @@ def save_safetensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     blobs, offset = [], 0
     for name in sorted(tensors):
         keep_f32 = name.endswith("e_score_correction_bias")
-        t = tensors[name].detach().cpu().to(torch.float32 if keep_f32 else torch.bfloat16).contiguous()
+        t = (
+            tensors[name]
+            .detach()
+            .cpu()
+            .to(torch.float32 if keep_f32 else torch.bfloat16)
+            .contiguous()
+        )
         dtype = "F32" if keep_f32 else "BF16"
         raw = t.view(torch.int32 if dtype == "F32" else torch.int16).numpy().tobytes()
-        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
+        header[name] = {
+            "dtype": dtype,
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + len(raw)],
+        }
         blobs.append(raw)
         offset += len(raw)
     head = json.dumps(header, separators=(",", ":")).encode()
@@ -495,9 +513,17 @@ def widen(model: RecallModel, factor: int = 2) -> RecallModel:
     dst = {}
     for key, t in src.items():
         if key.endswith("self_attn.q_proj.weight"):
-            dst[key] = t.view(model.shape.heads, QK_DIM, -1).repeat_interleave(factor, 0).reshape(-1, t.shape[1])
+            dst[key] = (
+                t.view(model.shape.heads, QK_DIM, -1)
+                .repeat_interleave(factor, 0)
+                .reshape(-1, t.shape[1])
+            )
         elif key.endswith("self_attn.kv_b_proj.weight"):
-            dst[key] = t.view(model.shape.heads, NOPE + V_DIM, -1).repeat_interleave(factor, 0).reshape(-1, t.shape[1])
+            dst[key] = (
+                t.view(model.shape.heads, NOPE + V_DIM, -1)
+                .repeat_interleave(factor, 0)
+                .reshape(-1, t.shape[1])
+            )
         elif key.endswith("self_attn.o_proj.weight"):
             cols = t.view(t.shape[0], model.shape.heads, V_DIM).repeat_interleave(factor, 1)
             dst[key] = (cols / factor).reshape(t.shape[0], -1)

@@ -144,9 +144,7 @@ def haystack(rng: random.Random, length: int, n_records: int) -> Haystack:
     if n_records < 1 or n_records > N_KEYS or fillers < 0:
         raise ValueError(f"{n_records} records do not fit {length} tokens")
     keys = [KEY0 + k for k in rng.sample(range(N_KEYS), n_records)]
-    values = {
-        k: tuple(value_id(s, rng.randrange(SYMBOLS)) for s in range(VALUE_LEN)) for k in keys
-    }
+    values = {k: tuple(value_id(s, rng.randrange(SYMBOLS)) for s in range(VALUE_LEN)) for k in keys}
     items: list[int | None] = [*keys, *([None] * fillers)]  # None: one filler token
     rng.shuffle(items)
     ids = [BOS]
@@ -248,7 +246,9 @@ def topk_kl(ref: Sequence[tuple[float, int]], other: Sequence[tuple[float, int]]
     return max(kl, 0.0)
 
 
-def parse_top_logprobs(meta: dict, key: str = "output_top_logprobs") -> list[list[tuple[float, int]]]:
+def parse_top_logprobs(
+    meta: dict, key: str = "output_top_logprobs"
+) -> list[list[tuple[float, int]]]:
     """SGLang's meta_info[key]: per position a list of [logprob, token id, text]."""
     rows = meta.get(key) or []
     return [[(float(e[0]), int(e[1])) for e in (row or [])] for row in rows]

@@ -30,8 +30,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import recall_model as rm  # noqa: E402
-import recall_task as task  # noqa: E402
+import recall_model as rm
+import recall_task as task
 
 L = task.VALUE_LEN
 SEG = L + 3  # Q key v1..vL END
@@ -106,7 +106,9 @@ def loss_of(model, ids, target, region, fp8: bool, chain: int):
 
 def _ce(logits, labels, mask):
     """Mean cross-entropy over the masked positions (weights, not indexing: no host sync)."""
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), reduction="none")
+    ce = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), reduction="none"
+    )
     m = mask.reshape(-1).float()
     return (ce * m).sum() / m.sum().clamp(min=1.0)
 
@@ -121,7 +123,9 @@ class Schedule:
     the budget, so a slower GPU trains fewer steps of the same schedule) or by steps (--steps:
     the same run on any machine, e.g. the CPU smoke)."""
 
-    def __init__(self, lengths: list[int], shares: list[float], lr: float, budget_s: float, steps: int):
+    def __init__(
+        self, lengths: list[int], shares: list[float], lr: float, budget_s: float, steps: int
+    ):
         self.lengths, self.lr, self.budget_s, self.steps = lengths, lr, budget_s, steps
         total = sum(shares)
         self.bounds = [sum(shares[: i + 1]) / total for i in range(len(shares))]
@@ -159,7 +163,7 @@ def draw_shape(rng, length: int, smoke: bool, progress: float) -> tuple[int, int
     if progress < 0.1:
         most = min(most, 8)
     if rng.random() < 0.5:
-        n = int(round(math.exp(rng.uniform(math.log(2), math.log(most)))))
+        n = round(math.exp(rng.uniform(math.log(2), math.log(most))))
     else:
         n = int(rng.integers(max(2, int(0.2 * most)), most + 1))
     n = max(2, min(n, most))
@@ -170,7 +174,9 @@ def draw_shape(rng, length: int, smoke: bool, progress: float) -> tuple[int, int
 
 
 @torch.no_grad()
-def evaluate(model, contexts, seed: int, haystacks: int, queries: int, device: str, miswire: str = "") -> dict:
+def evaluate(
+    model, contexts, seed: int, haystacks: int, queries: int, device: str, miswire: str = ""
+) -> dict:
     """Teacher-forced exact match on recall_task.bench_set prompts: all VALUE_LEN argmaxes right
     is exactly what a greedy decode of the same weights returns. Also the NextN depth-1 hit
     rate on the answer tokens (what the first draft token of MTP can reach)."""
@@ -183,8 +189,12 @@ def evaluate(model, contexts, seed: int, haystacks: int, queries: int, device: s
             mine = [q for q in qs if q.haystack == h]
             for i in range(0, len(mine), 8):
                 chunk = mine[i : i + 8]
-                ids = torch.tensor([stack.prompt(q.key) + list(q.answer) for q in chunk], device=device)
-                with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=device == "cuda"):
+                ids = torch.tensor(
+                    [stack.prompt(q.key) + list(q.answer) for q in chunk], device=device
+                )
+                with torch.autocast(
+                    device_type="cuda", dtype=torch.bfloat16, enabled=device == "cuda"
+                ):
                     n = len(stack.ids) + 2
                     logits, _, _ = model.target(ids, fp8=False, miswire=miswire, logits_from=n - 1)
                 pred = logits[:, :L].argmax(-1).tolist()
@@ -194,7 +204,10 @@ def evaluate(model, contexts, seed: int, haystacks: int, queries: int, device: s
                     draft_hits += draft_hits_chunk
                     draft_n += n_chunk
         s = task.score(answers, [q.answer for q in qs])
-        out[str(ctx)] = {**s.as_dict(), **({"draft1_token_accuracy": draft_hits / draft_n} if draft_n else {})}
+        out[str(ctx)] = {
+            **s.as_dict(),
+            **({"draft1_token_accuracy": draft_hits / draft_n} if draft_n else {}),
+        }
     model.train()
     return out
 
@@ -249,7 +262,7 @@ def main(argv: list[str]) -> int:
     sched = Schedule(lengths, shares, a.lr, a.budget_s, a.steps)
     what = f"{a.steps} steps" if a.steps else f"{a.budget_s:.0f} s"
     log(f"plan: {what} on {device}, lengths " + ", ".join(
-        f"{n} (batch {stage_batch(n, a.tokens)}, {100 * f / sum(shares):.0f} %)" for n, f in zip(lengths, shares))
+        f"{n} (batch {stage_batch(n, a.tokens)}, {100 * f / sum(shares):.0f} %)" for n, f in zip(lengths, shares, strict=True))
         + f"; {rm.size_report(shape)['bf16_bytes'] / 1e6:.1f} MB of bf16 weights")  # fmt: skip
     decay = [p_ for n, p_ in model.named_parameters() if p_.dim() >= 2 and "embed" not in n]
     rest = [p_ for n, p_ in model.named_parameters() if not (p_.dim() >= 2 and "embed" not in n)]
@@ -265,7 +278,9 @@ def main(argv: list[str]) -> int:
             break
         length = sched.length(done)
         n_rec, n_q = draw_shape(gen_py, length, a.smoke, done)
-        ids, target, region = draw_batch(gen, stage_batch(length, a.tokens), length, n_rec, n_q, device)
+        ids, target, region = draw_batch(
+            gen, stage_batch(length, a.tokens), length, n_rec, n_q, device
+        )
         fp8 = bool(step % 2)
         for g in opt.param_groups:
             g["lr"] = sched.rate(done)
@@ -297,8 +312,14 @@ def main(argv: list[str]) -> int:
         "torch": torch.__version__,
         "seed": a.seed,
         "steps": step,
-        "schedule": {"lengths": a.lengths, "shares": a.shares, "budget_s": a.budget_s, "steps": a.steps,
-                     "tokens_per_step": a.tokens, "lr": a.lr},
+        "schedule": {
+            "lengths": a.lengths,
+            "shares": a.shares,
+            "budget_s": a.budget_s,
+            "steps": a.steps,
+            "tokens_per_step": a.tokens,
+            "lr": a.lr,
+        },
         "train_s": round(train_s, 1),
         "history": history,
         "eval": acc,

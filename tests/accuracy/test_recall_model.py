@@ -49,7 +49,10 @@ def test_checkpoint_names_are_what_sglangs_deepseek_loader_reads() -> None:
     assert must <= names
     # SGLang's NextN loader takes these two from the target model (shared), and a dense layer
     # has no router: neither may be in the file.
-    assert not any(k.endswith(("shared_head.head.weight",)) or k == f"model.layers.{n}.embed_tokens.weight" for k in names)
+    assert not any(
+        k.endswith(("shared_head.head.weight",)) or k == f"model.layers.{n}.embed_tokens.weight"
+        for k in names
+    )
     assert not any(k.startswith("model.layers.0.mlp.experts") for k in names)
 
 
