@@ -281,13 +281,14 @@ class RecallCheck:
         self, variants: dict[str, Variant], *, model: Path, work: Path, out: Path,
         emulator: bool, port_base: int, reference: str, profile: str = "tiny-mla",
         profiles_dir: str = str(REPO / "deploy" / "profiles"), site: str = "",
-        extra: tuple[str, ...] = (), prefix: str = "",
+        extra: tuple[str, ...] = (), prefix: str = "", env: dict[str, str] | None = None,
     ) -> None:  # fmt: skip
         self.variants = dict(variants)
         self.model, self.work, self.out = Path(model), Path(work), Path(out)
         self.emulator, self.port_base, self.reference = emulator, port_base, reference
         self.profile, self.profiles_dir, self.site, self.extra = profile, profiles_dir, site, extra
         self.prefix = prefix  # log and file names: beside other servers of a bench
+        self.env = env or {}  # more environment for every server (e.g. SGLANG_USE_SGL_FA3_KERNEL)
         self.servers: dict[str, ServerProcess] = {}
         self.docs: dict[str, dict[str, Any]] = {}
         self.notes: list[str] = []
@@ -317,7 +318,7 @@ class RecallCheck:
             model = self.model if v.heads == 8 else wide
             argv = launch_argv(v, port, model, info, self.emulator, self.profile,
                                self.profiles_dir, self.extra)  # fmt: skip
-            env = server_env(v, info, miswired_site)
+            env = {**server_env(v, info, miswired_site), **self.env}
             srv = ServerProcess(argv, env, self.out / "logs" / f"{tag}.log", f"http://127.0.0.1:{port}",
                                 pid_file=os.environ.get("E2E_PGID_FILE"))  # fmt: skip
             self.servers[name] = srv
@@ -440,6 +441,48 @@ class RecallCheck:
             ][:4]  # fmt: skip
             if "error" in d:
                 d["log_tail"] = text.splitlines()[-15:]
+
+
+def recall_variants(
+    paths: dict[str, tuple[str, str, str]], backend: str = "flashinfer"
+) -> dict[str, Variant]:
+    """Recall servers for a timing bench's paths: name -> (KV dtype, GLMSERVE_FP8_GATHER,
+    GLMSERVE_FP8_ATTENTION), 16 heads, on `backend`."""
+    return {
+        name: Variant(
+            f"recall model, {name}", kv=kv, gather=gather, attention=attention, backend=backend
+        )
+        for name, (kv, gather, attention) in paths.items()
+    }
+
+
+def identical_everywhere(results: dict[str, Any], name: str) -> tuple[bool, int]:
+    """(every answered query's output equals the reference's, queries compared)."""
+    per = results.get(name) or {}
+    total = sum(r["queries"] for r in per.values())
+    same = bool(per) and all(
+        r.get("identical_to_reference") == r["queries"] and not r["errors"] for r in per.values()
+    )
+    return same, total
+
+
+def agreement_markdown(results: dict[str, Any], reference: str) -> list[str]:
+    """The agreement table the timing benches print (recall model, greedy, against `reference`)."""
+    lines = [
+        f"| path | context | accuracy (tokens) | identical to {reference} / queries | "
+        f"KL vs {reference} mean / max | errors |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, per in results.items():
+        for ctx, r in per.items():
+            vs = r.get("vs_reference") or {}
+            same = r.get("identical_to_reference")
+            kl = f"{vs['kl_mean']:.2e} / {vs['kl_max']:.2e}" if vs else "—"
+            lines.append(
+                f"| {name} | {ctx} | {r['accuracy']:.3f} ({r['token_accuracy']:.3f}) | "
+                f"{'—' if same is None else same} / {r['queries']} | {kl} | {r['errors']} |"
+            )
+    return lines
 
 
 # ---------------------------------------------------------------- the run
