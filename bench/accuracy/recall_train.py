@@ -11,7 +11,7 @@ head's token after next, at draft depths 1..3 chained the way SGLang's EAGLE wor
 as an FP8 pool stores them, so the model is as robust to FP8 KV as a served model must be.
 Batches are drawn on the device in the task's layout (recall_task: unique keys, 8-token values
 from per-slot alphabets, filler between records, queries at the end), at lengths that grow from
-512 to 8,192 tokens. Prints a plan, the loss every --log-every steps, then the teacher-forced
+256 to 8,192 tokens. Prints a plan, the loss every --log-every steps, then the teacher-forced
 exact-match accuracy of the finished model on the bench's own prompts (2k, 8k, 32k) and writes
 DIR/train.json beside the checkpoint.
 """
@@ -232,8 +232,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--seed", type=int, default=31)
     p.add_argument("--steps", type=int, default=0, help="fixed steps (default: --budget-s of time)")
     p.add_argument("--budget-s", type=float, default=150.0, help="training time (without --steps)")
-    p.add_argument("--lengths", default="512,1024,2048,4096,8192")
-    p.add_argument("--shares", default="0.25,0.25,0.2,0.15,0.15", help="time (or steps) per length")
+    p.add_argument("--lengths", default="256,512,1024,2048,4096,8192")
+    p.add_argument(
+        "--shares", default="0.15,0.2,0.2,0.15,0.15,0.15", help="time (or steps) per length"
+    )
     p.add_argument("--tokens", type=int, default=65536, help="tokens per step")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--chain", type=int, default=3, help="draft depths trained (EAGLE steps)")
