@@ -139,7 +139,11 @@ accuracy)
   # with the JIT cache still to pack: training (if it runs) under its own hard stop, then the
   # bench under whatever is left. Results are saved after every phase of both.
   model=bench/models/recall-mla
-  if [ ! -f "$model/model.safetensors" ] || [ -n "${RECALL_TRAIN:-}" ]; then
+  train=$([ ! -f "$model/model.safetensors" ] || [ -n "${RECALL_TRAIN:-}" ] && echo yes || echo no)
+  step "plan (s): setup done at $((SECONDS - T0)); train ${TRAIN_BUDGET_S:-150} + ~30 eval/start ($train);" \
+    "11 servers start ~75 (warm JIT; cold ~200); 2k/8k/32k contexts ~60; stop ~15;" \
+    "everything by ${ACCURACY_END_S:-500}, then logs + JIT cache ~30"
+  if [ "$train" = yes ]; then
     model=$WORK/recall-mla
     step "train the recall model (${TRAIN_BUDGET_S:-150} s of steps, hard stop ${TRAIN_HARD_S:-240} s)"
     gpu timeout -s TERM "${TRAIN_HARD_S:-240}" python3 bench/accuracy/recall_train.py --out "$model" \
