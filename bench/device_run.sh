@@ -21,6 +21,12 @@
 #   bash bench/device_run.sh fleet [ARGS]       two replicas behind SGLang's router, our Locust
 #                                               through it: bench/fleet/fleet_bench.py ARGS
 #                                               (BUNDLE=.bundle/fleet.tar.xz: bench/bundle.sh --fleet)
+#   bash bench/device_run.sh accuracy [ARGS]    a model that learned something (issue 31): trains the
+#                                               recall model if bench/models/recall-mla holds no
+#                                               weights (or RECALL_TRAIN=1), then task accuracy and
+#                                               logprob agreement of every KV path through real
+#                                               servers: bench/accuracy/accuracy_bench.py ARGS. The
+#                                               trained checkpoint comes back as recall-mla.tar.
 #   Aliases: bench/e2e/device.sh = e2e, bench/e2e/native_device.sh = native,
 #            bench/fp8_decode_device.sh = fp8-decode.
 #
@@ -40,7 +46,7 @@
 set -uo pipefail
 : "${OUT:?OUT must name the folder that comes back}"
 job=kernel
-case "${1:-}" in kernel | correctness | verify | e2e | native | fp8-decode | smoke | fleet | lines) job=$1; shift ;; esac
+case "${1:-}" in kernel | correctness | verify | e2e | native | fp8-decode | smoke | fleet | lines | accuracy) job=$1; shift ;; esac
 # The lines job runs the current line (glmserve.sglang_lines CURRENT_LINE), the rest the default.
 line=$([ "$job" = lines ] && echo current || echo default)
 BUNDLE=${BUNDLE:-.bundle/sglang-$(PYTHONPATH=$PWD/src python3 -m glmserve.sglang_lines get version "$line").tar.xz}
@@ -149,6 +155,46 @@ kernel | correctness)
     gpu python3 bench/gather_cast.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | tail -45
   fi
   ;;
+accuracy)
+  # The whole job ends by ACCURACY_END_S (default 500 s) after its start, inside the 9 minutes
+  # with the JIT cache still to pack: training (if it runs) under its own hard stop, then the
+  # bench under whatever is left. Results are saved after every phase of both.
+  model=bench/models/recall-mla
+  train=$([ ! -f "$model/model.safetensors" ] || [ -n "${RECALL_TRAIN:-}" ] && echo yes || echo no)
+  step "plan (s): setup done at $((SECONDS - T0)); train ${TRAIN_BUDGET_S:-150} + ~30 eval/start ($train);" \
+    "11 servers start ~75 (warm JIT; cold ~200); 2k/8k/32k contexts ~60; stop ~15;" \
+    "everything by ${ACCURACY_END_S:-500}, then logs + JIT cache ~30"
+  if [ "$train" = yes ]; then
+    model=$WORK/recall-mla
+    step "train the recall model (${TRAIN_BUDGET_S:-150} s of steps, hard stop ${TRAIN_HARD_S:-240} s)"
+    gpu timeout -s TERM "${TRAIN_HARD_S:-240}" python3 bench/accuracy/recall_train.py --out "$model" \
+      --budget-s "${TRAIN_BUDGET_S:-150}" 2>&1 | tee "$OUT/train.log"
+    rc=${PIPESTATUS[0]}
+    # The checkpoint comes back in one file, with its training log: commit it to bench/models/.
+    if [ -f "$model/model.safetensors" ]; then
+      mv "$OUT/train.log" "$model/" && tar -cf "$OUT/recall-mla.tar" -C "$WORK" recall-mla \
+        && step "checkpoint packed: recall-mla.tar ($(du -h "$OUT/recall-mla.tar" | cut -f1))"
+    else
+      step "no checkpoint written (rc=$rc): the bench cannot run"
+    fi
+  fi
+  export E2E_PGID_FILE=${E2E_PGID_FILE:-/tmp/e2e-server-pgids}
+  if [ -f "$E2E_PGID_FILE" ]; then
+    while read -r g; do kill -TERM -- "-$g" 2>/dev/null; done <"$E2E_PGID_FILE"
+    sleep "${E2E_KILL_GRACE_S:-5}"
+    while read -r g; do kill -KILL -- "-$g" 2>/dev/null; done <"$E2E_PGID_FILE"
+    rm -f "$E2E_PGID_FILE"
+  fi
+  if [ -f "$model/model.safetensors" ] || [ -n "${DEVICE_DRY_RUN:-}" ]; then
+    hard=$(( ${ACCURACY_END_S:-500} - (SECONDS - T0) ))
+    step "bench/accuracy/accuracy_bench.py (hard stop ${hard} s)"
+    gpu timeout -s TERM "$hard" python3 bench/accuracy/accuracy_bench.py --out "$OUT" --model "$model" \
+      --site "$SITE" --work "$WORK/accuracy" --deadline-s $(( hard - 45 )) "$@" 2>&1 | tee "$OUT/run.log"
+    rc=${PIPESTATUS[0]}
+  fi
+  ( cd "$OUT" && logs=$(ls -d logs buildinfo 2>/dev/null) && [ -n "$logs" ] \
+    && tar -cJf logs.tar.xz $logs && rm -rf $logs )
+  ;;
 e2e | native | fp8-decode | smoke | fleet | lines)
   # One Python script under a hard stop well inside the tool's 600 s: the scripts turn SIGTERM
   # into an orderly stop + save.
@@ -171,15 +217,6 @@ e2e | native | fp8-decode | smoke | fleet | lines)
       sleep "${E2E_KILL_GRACE_S:-5}"
       while read -r g; do kill -KILL -- "-$g" 2>/dev/null; done <"$E2E_PGID_FILE"
       rm -f "$E2E_PGID_FILE"
-    fi
-  fi
-  if [ "$job" = native ] && [ -z "${GLMSERVE_FP8_FUSED_STORE:-}" ]; then
-    # The FP8 store converts inside SGLang's scatter kernel only where that writes the upstream
-    # cast's bytes on this GPU; otherwise the servers keep SGLang's two casts, and the log says so.
-    step "fused FP8 KV store check"
-    if gpu timeout 120 python3 -m pytest -q -x --tb=short -p no:cacheprovider \
-      tests/gpu/test_fused_kv_store_gpu.py 2>&1 | tee -a "$log" | tail -30; then
-      [ "${PIPESTATUS[0]}" = 0 ] || { export GLMSERVE_FP8_FUSED_STORE=0; step "fused store OFF for this run"; }
     fi
   fi
   step "${script[0]}"

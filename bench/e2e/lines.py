@@ -15,13 +15,14 @@ profile tiny-mla-78l-sglang<line>: 78 layers, pool 495,552, CUDA graphs up to ba
   flashinfer: upstream, patched (the native FP8 decode kernel), gather (gather-then-cast,
               bit-identical), bf16
 
-Measured per phase, round robin (every ratio from interleaved samples of one call): greedy tokens
-of each path against upstream on short prompts, one 6,000-token prompt (chunked prefill), a
-shared prefix (radix hits) and 16 concurrent requests; TPOT of one stream after a 128-token and
+Measured per phase, round robin (every ratio from interleaved samples of one call): agreement of
+each path with upstream on the recall model (bench/accuracy: one small server per path beside
+the timing servers, same backend and switches; 16 queries per context at 2k and 8k, chunked
+prefill, radix hits, one decode batch; native.py's check); TPOT of one stream after a 128-token and
 after a 6,000-token prompt, of 16 streams (with tok/s), of 64 streams after 2,048-token prompts
 (steady decode: glmserve.streaming's tail TPOT); upstream at 1 and 16 streams (it is ~10x slower).
 Bars (the issue's): patched TPOT <= 1.05x BF16 KV and <= 0.15x upstream at 1 and 16 streams;
-greedy identity with upstream for the bit-identical paths, agreement reported for native.
+identical recall answers for the bit-identical paths, agreement reported for native.
 Each server starts through the launcher's self-test (its class checks drive that line's backend
 API; the 2026-12-01 run predates that and started with GLMSERVE_SKIP_SELFTEST=1).
 Writes lines-e2e.json and lines-e2e.md under --out (rewritten after every step).
@@ -43,8 +44,9 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-sys.path[:0] = [str(HERE), str(REPO / "src")]
+sys.path[:0] = [str(HERE), str(REPO / "bench" / "accuracy"), str(REPO / "src")]
 
+import accuracy_bench as ab  # noqa: E402
 import e2e_analysis as an  # noqa: E402
 import harness  # noqa: E402
 import native  # noqa: E402
@@ -95,6 +97,7 @@ class Phase:
         self.paths = PHASES[backend]
         self.doc: dict[str, Any] = {"servers": {}, "greedy": {}, "timing": {}, "notes": []}
         self.servers: dict[str, harness.Server] = {}
+        self.recall = None
 
     def start(self) -> None:
         a = self.run.args
@@ -134,14 +137,23 @@ class Phase:
             }
             log(f"start {self.backend}/{name}: {shlex.join(argv)}")
             srv.start()
+        # The agreement check's recall servers, on this backend (the profile's 78-layer override
+        # undone: the checkpoint has its own 2 layers).
+        self.recall = native.start_recall(
+            a, self.run.out, {n: p[:3] for n, p in self.paths.items()}, self.doc,
+            backend=self.backend, profile=a.profile, extra=("--json-model-override-args", "{}"),
+            env={"SGLANG_USE_SGL_FA3_KERNEL": "1"},
+            port_base=PORT_BASE + 50 + 10 * len(self.run.phases), prefix=f"recall-{self.backend}-",
+        )  # fmt: skip
 
     def wait_ready(self, budget_s: float) -> list[str]:
         return native.wait_ready(self.servers, self.doc["servers"], budget_s, f"{self.backend}/")
 
-    def greedy(self, http: Any, ready: list[str], prompts: dict[str, list[list[int]]]) -> None:
-        new, label = self.run.args.greedy_tokens, f"{self.backend}/"
-        sets = native.greedy_sets(http, self.servers, ready, prompts, new, self.doc, label)
-        self.doc["greedy"].update(native.against_upstream(sets))
+    def greedy(self) -> None:
+        """The agreement check on the recall servers (then stopped: they sit out the timing)."""
+        if self.recall is not None:
+            budget = self.run.args.ready_budget_s
+            self.doc["greedy"] = native.measure_recall(self.recall, budget, self.doc)
         self.run.save()
 
     def timing(self, ready: list[str], prompts: dict[str, list[list[int]]]) -> None:
@@ -201,12 +213,10 @@ class Phase:
                 bars.append({"bar": f"{self.backend}: patched TPOT <= 0.15x upstream, {label}",
                              "value": ratio, "pass": ratio <= 0.15})  # fmt: skip
         for name in BIT_IDENTICAL[self.backend]:
-            sets = self.doc["greedy"].get(name)
-            if sets:
-                same = all(g["identical"] == g["prompts"] for g in sets.values())
-                total = sum(g["prompts"] for g in sets.values())
+            if self.doc["greedy"].get(name):
+                same, total = ab.identical_everywhere(self.doc["greedy"], name)
                 bars.append({"bar": f"{self.backend}: {name} greedy identical to upstream "
-                             f"({total} prompts)", "value": float(same), "pass": same})  # fmt: skip
+                             f"({total} recall queries)", "value": float(same), "pass": same})  # fmt: skip
         self.doc["summary"], self.doc["bars"] = s, bars
 
     def execute(self, http: Any, prompts: dict[str, list[list[int]]]) -> None:
@@ -214,10 +224,11 @@ class Phase:
             self.start()
             ready = self.wait_ready(self.run.args.ready_budget_s)
             self.run.save()
-            if "upstream" in ready:
-                self.greedy(http, ready, prompts)
+            self.greedy()
             self.timing(ready, prompts)
         finally:
+            if self.recall is not None:
+                self.recall.stop()
             harness.stop_all(list(self.servers.values()))
             for name, srv in self.servers.items():
                 text = srv.log_path.read_text(errors="replace") if srv.log_path.exists() else ""
@@ -301,16 +312,9 @@ def markdown(doc: dict[str, Any]) -> str:
     for ph in doc.get("phases", {}).values():
         for b in ph.get("bars", []):
             lines.append(f"| {b['bar']} | {b['value']:.3f} | {'PASS' if b['pass'] else 'MISS'} |")
-    lines += ["", "## Greedy tokens against upstream", ""]
-    lines += ["| backend | path | set | identical / prompts | first divergent position |"]
-    lines += ["|---|---|---|---|---|"]
+    lines += ["", "## Agreement with upstream on the recall model (bench/accuracy)", ""]
     for backend, ph in doc.get("phases", {}).items():
-        for name, sets in ph.get("greedy", {}).items():
-            for key, g in sets.items():
-                div = ", ".join("=" if d is None else str(d) for d in g["first_divergence"])
-                lines.append(
-                    f"| {backend} | {name} | {key} | {g['identical']} / {g['prompts']} | {div} |"
-                )
+        lines += [f"{backend}:", "", *ab.agreement_markdown(ph.get("greedy", {}), "upstream"), ""]
     lines += ["", "## Servers", ""]
     for backend, ph in doc.get("phases", {}).items():
         for name, s in ph.get("servers", {}).items():
@@ -336,7 +340,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--model-dir", default=str(REPO / "deploy" / "models"))
     p.add_argument("--profiles-dir", default=str(REPO / "deploy" / "profiles"))
     p.add_argument("--ready-budget-s", type=float, default=240.0)
-    p.add_argument("--greedy-tokens", type=int, default=32)
+    p.add_argument("--greedy-tokens", type=int, default=32, help="(unused: kept for old commands)")
+    p.add_argument("--recall-model", default=str(REPO / "bench" / "models" / "recall-mla"),
+                   help="the recall checkpoint for the agreement check")  # fmt: skip
+    p.add_argument("--recall-work", default="/tmp/glmserve-recall", help="its 16-head copy")
     p.add_argument("--tokens", type=int, default=128, help="output tokens per timed stream")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--long-reps", type=int, default=2)

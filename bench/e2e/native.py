@@ -13,9 +13,12 @@ pool 495,552, CUDA graphs up to batch 64, self-test included):
   bf16      BF16 KV: the speed to beat
 
 Measured, round robin so that every ratio comes from interleaved samples of one call:
-  * greedy agreement of each FP8 path with upstream, per prompt set: short prompts, one
-    6,000-token prompt (chunked prefill), a shared 1,024-token prefix (radix hits), 16
-    concurrent requests; the first position where tokens differ;
+  * agreement of every path with upstream on a model whose answers depend on attention (the
+    dummy weights' outputs do not): beside the four timing servers, one recall-model server
+    per path (bench/accuracy, 2 layers, same switches) answers the recall task at 2k and 8k
+    context (chunked prefill, radix hits, 16 concurrent requests); accuracy, outputs identical
+    to upstream's, top-5 KL against upstream. Skipped, and said so, without the committed
+    checkpoint bench/models/recall-mla (bash bench/device_run.sh accuracy trains it);
   * TPOT of one stream after a 128-token prompt and after a 6,000-token prompt, of 16
     concurrent streams with their output tok/s, and of 64 concurrent streams after 2,048-token
     prompts: whole-stream TPOT, steady-decode TPOT (the second half of each stream, once the
@@ -34,7 +37,6 @@ import random
 import shlex
 import statistics
 import sys
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -43,8 +45,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 # The working tree's glmserve first: the bundle's copy may predate this script.
-sys.path[:0] = [str(HERE), str(REPO / "src")]
+sys.path[:0] = [str(HERE), str(REPO / "bench" / "accuracy"), str(REPO / "src")]
 
+import accuracy_bench as ab  # noqa: E402
 import e2e_analysis as an  # noqa: E402
 import harness  # noqa: E402
 
@@ -63,7 +66,8 @@ TIMED = ("bf16", "gather", "native")
 FP8 = ("gather", "native")
 # --mtp: MTP (EAGLE over the model's own NextN layer, the profiles' recipe) on BF16 KV, native
 # and gather, beside BF16 KV and native without it; no upstream server (it is ~10x slower and
-# needs no new number). The pool is smaller, so that five servers fit one 80 GB card.
+# needs no new number). The pool is smaller, so that the servers fit one 80 GB card, and there
+# is no agreement check (the recall model's MTP answers are bench/accuracy's).
 MTP_ARGS = (
     "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
     "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
@@ -78,12 +82,13 @@ MTP_PATHS = {
     "native": ("fp8_e4m3", "1", "native", "patched"),
 }
 MTP_POOL_TOKENS = 200_000
-# Greedy tokens compared: each path with MTP against the same path without it.
-MTP_PAIRS = {"bf16-mtp": "bf16", "native-mtp": "native", "gather-mtp": "native"}
 LONG_PROMPT = 6000
 SHARED_PREFIX = 1024
 STREAMS = 16
 LOADED_STREAMS, LOADED_PROMPT, LOADED_TOKENS = 64, 2048, 256
+# The agreement check: recall-model servers per path, asked 16 queries about one haystack per
+# context (the first prefills it in chunks, the rest hit the radix cache, all decode together).
+RECALL_CONTEXTS, RECALL_QUERIES, RECALL_PORT_BASE = (2048, 8192), 16, 31300
 
 
 def log(msg: str) -> None:
@@ -108,38 +113,6 @@ def token_prompts(vocab: int, seed: int) -> dict[str, list[list[int]]]:
         "concurrent": [ids(rng.randint(32, 512)) for _ in range(STREAMS)],
         "loaded": [ids(LOADED_PROMPT) for _ in range(LOADED_STREAMS)],
     }
-
-
-def generate_concurrently(url: str, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
-    """harness.greedy_ids for every prompt at once (one request per thread: a decode batch)."""
-    import httpx
-
-    out: list[list[int]] = [[] for _ in prompts]
-    errors: list[str] = []
-
-    def worker(i: int) -> None:
-        try:
-            with httpx.Client() as client:
-                (out[i],) = harness.greedy_ids(client, url, [prompts[i]], new_tokens)
-        except Exception as exc:
-            errors.append(f"{type(exc).__name__}: {exc}")
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise RuntimeError(errors[0])
-    return out
-
-
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    """Index of the first differing token (None: identical)."""
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def stream_timing(url: str, ids: list[int], max_tokens: int) -> streaming.StreamTiming:
@@ -210,53 +183,43 @@ def wait_ready(
     return [n for n in servers if "ready_s" in records[n]]
 
 
-def greedy_sets(
-    http: Any,
-    servers: dict[str, harness.Server],
-    ready: list[str],
-    prompts: dict[str, list[list[int]]],
-    new: int,
-    doc: dict[str, Any],
-    label: str = "",
-) -> dict[str, dict[str, list[list[int]]]]:
-    """Each ready server's greedy tokens for the four prompt sets; a server that fails one is
-    left out, with a note in `doc`."""
-    got: dict[str, dict[str, list[list[int]]]] = {}
-    for name in ready:
-        url = servers[name].url
-        t = time.monotonic()
+def start_recall(
+    a: argparse.Namespace, out: Path, paths: dict[str, tuple[str, str, str]], doc: dict[str, Any],
+    backend: str = "flashinfer", profile: str = "tiny-mla", extra: tuple[str, ...] = (),
+    env: dict[str, str] | None = None, port_base: int = RECALL_PORT_BASE, prefix: str = "recall-",
+) -> ab.RecallCheck | None:  # fmt: skip
+    """One recall-model server per path (same switches), started beside the timing servers;
+    None (and a note) without the committed checkpoint."""
+    model = Path(a.recall_model)
+    if not (model / "model.safetensors").is_file():
+        doc["notes"].append(
+            f"no agreement check: {model} holds no checkpoint (bash bench/device_run.sh accuracy "
+            "trains one); the dummy-weight servers' outputs do not depend on attention"
+        )
+        return None
+    check = ab.RecallCheck(
+        ab.recall_variants(paths, backend), model=model, work=Path(a.recall_work) / prefix,
+        out=out, emulator=a.emulator, port_base=port_base, reference="upstream",
+        profile=profile, profiles_dir=a.profiles_dir, extra=extra, prefix=prefix, env=env,
+    )  # fmt: skip
+    check.start()
+    return check
+
+
+def measure_recall(check: ab.RecallCheck, budget_s: float, doc: dict[str, Any]) -> dict[str, Any]:
+    """Wait for the recall servers, ask every context, stop them; per path and context:
+    accuracy, outputs identical to upstream's, KL against upstream."""
+    check.wait_ready(budget_s)
+    for ctx in RECALL_CONTEXTS:
         try:
-            got[name] = {
-                "short": harness.greedy_ids(http, url, prompts["short"], new),
-                "long": harness.greedy_ids(http, url, prompts["long"], new),
-                # Sequential: the first request fills the radix cache, the rest hit it.
-                "shared_prefix": harness.greedy_ids(http, url, prompts["shared_prefix"], new),
-                "concurrent": generate_concurrently(url, prompts["concurrent"], new),
-            }
+            check.context(seed=1, ctx=ctx, stacks=1, per=RECALL_QUERIES)
         except Exception as exc:
-            doc["notes"].append(f"greedy on {name} failed: {type(exc).__name__}: {exc}")
-        log(f"{label}{name}: greedy sets in {time.monotonic() - t:.1f} s")
-    return got
-
-
-def against_upstream(got: dict[str, dict[str, list[list[int]]]]) -> dict[str, dict[str, Any]]:
-    """Per path and prompt set: how many outputs equal upstream's, and where each diverges."""
-    ref = got.get("upstream")
-    if ref is None:
-        return {}
-    compared: dict[str, dict[str, Any]] = {}
-    for name, sets in got.items():
-        if name == "upstream":
-            continue
-        compared[name] = {}
-        for key, outs in sets.items():
-            div = [first_divergence(o, r) for o, r in zip(outs, ref[key], strict=True)]
-            compared[name][key] = {
-                "prompts": len(outs),
-                "identical": sum(d is None for d in div),
-                "first_divergence": div,
-            }
-    return compared
+            doc["notes"].append(f"recall check at {ctx} failed: {type(exc).__name__}: {exc}"[:300])
+    results = check.results()
+    check.stop()
+    doc["recall_servers"] = check.docs
+    doc["notes"] += check.notes
+    return results
 
 
 class Run:
@@ -275,6 +238,7 @@ class Run:
             "notes": [],
         }
         self.servers: dict[str, harness.Server] = {}
+        self.recall: ab.RecallCheck | None = None
         self.paths = MTP_PATHS if args.mtp else PATHS
         if args.only:  # a subset of the paths (one card holds fewer servers than the mode has)
             self.paths = {k: v for k, v in self.paths.items() if k in args.only.split(",")}
@@ -282,7 +246,6 @@ class Run:
         self.doc["timing"] = {k: {} for k in self.timed}
         if args.mtp:
             self.doc["pool_tokens"] = MTP_POOL_TOKENS
-            self.doc["greedy_reference"] = "each path with MTP against the same without it"
             self.doc["what"] = (
                 "MTP (EAGLE, NextN draft, 4 tokens per verify) on and off: native FP8 vs gather vs "
                 "BF16 KV, real SGLang, 78 layers"
@@ -333,19 +296,16 @@ class Run:
                 "GLMSERVE_FP8_GATHER": gather, "GLMSERVE_FP8_ATTENTION": attention}}  # fmt: skip
             log(f"start {name}: {shlex.join(argv)}")
             srv.start()
+        if not a.mtp:
+            self.recall = start_recall(a, self.out, {n: p[:3] for n, p in PATHS.items()}, self.doc)
 
     def wait_ready(self, budget_s: float) -> list[str]:
         return wait_ready(self.servers, self.doc["servers"], budget_s)
 
     def greedy(self, http: Any, ready: list[str], prompts: dict[str, list[list[int]]]) -> None:
-        sets = greedy_sets(http, self.servers, ready, prompts, self.args.greedy_tokens, self.doc)
-        if self.args.mtp:
-            for name, ref in MTP_PAIRS.items():
-                if name in sets and ref in sets:
-                    pair = against_upstream({"upstream": sets[ref], name: sets[name]})
-                    self.doc["greedy"][f"{name} vs {ref}"] = pair[name]
-        else:
-            self.doc["greedy"].update(against_upstream(sets))
+        """The agreement check, on the recall servers (then stopped: they sit out the timing)."""
+        if self.recall is not None:
+            self.doc["greedy"] = measure_recall(self.recall, self.args.ready_budget_s, self.doc)
         self.save()
 
     def timing(self, ready: list[str], prompts: dict[str, list[list[int]]]) -> None:
@@ -435,10 +395,11 @@ class Run:
                 self.start()
                 ready = self.wait_ready(a.ready_budget_s)
                 self.save()
-                if "upstream" in ready or self.args.mtp:
-                    self.greedy(http, ready, prompts)
+                self.greedy(http, ready, prompts)
                 self.timing(ready, prompts)
         finally:
+            if self.recall is not None:
+                self.recall.stop()
             harness.stop_all(list(self.servers.values()))
             for name, srv in self.servers.items():
                 facts = an.log_facts(srv.log_path.read_text(errors="replace"))
@@ -534,17 +495,14 @@ def markdown(doc: dict[str, Any]) -> str:
     lines += ["", "| bar | ratio | pass |", "|---|---|---|"]
     for b in doc.get("bars", []):
         lines.append(f"| {b['bar']} | {b['value']:.3f} | {'PASS' if b['pass'] else 'MISS'} |")
+    lines += ["", "## Agreement with upstream (FP8 full-pool cast), recall model", ""]
     lines += [
-        "",
-        f"## Greedy agreement ({doc.get('greedy_reference', 'with upstream, FP8 full-pool cast')})",
+        "Greedy answers of one recall-model server per path (2 layers, 16 heads, the same "
+        "switches; bench/accuracy) to 16 queries about one haystack per context: the first "
+        "prefills it in 4,096-token chunks, the rest hit the radix cache and decode together.",
         "",
     ]
-    lines += ["| path | set | identical / prompts | first divergent position per prompt |"]
-    lines += ["|---|---|---|---|"]
-    for name, sets in doc.get("greedy", {}).items():
-        for key, g in sets.items():
-            div = ", ".join("=" if d is None else str(d) for d in g["first_divergence"])
-            lines.append(f"| {name} | {key} | {g['identical']} / {g['prompts']} | {div} |")
+    lines += ab.agreement_markdown(doc.get("greedy", {}), "upstream")
     lines += ["", "## Servers", ""]
     for name, s in doc.get("servers", {}).items():
         state = f"ready {s['ready_s']} s" if "ready_s" in s else s.get("error", "not started")
@@ -561,7 +519,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--model-dir", default=str(REPO / "deploy" / "models"))
     p.add_argument("--profiles-dir", default=str(REPO / "deploy" / "profiles"))
     p.add_argument("--ready-budget-s", type=float, default=330.0)
-    p.add_argument("--greedy-tokens", type=int, default=32)
+    p.add_argument("--greedy-tokens", type=int, default=32, help="(unused: kept for old commands)")
+    p.add_argument("--recall-model", default=str(REPO / "bench" / "models" / "recall-mla"),
+                   help="the recall checkpoint for the agreement check")  # fmt: skip
+    p.add_argument("--recall-work", default="/tmp/glmserve-recall", help="its 16-head copy")
     p.add_argument("--tokens", type=int, default=128, help="output tokens per timed stream")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--long-reps", type=int, default=3)

@@ -11,23 +11,26 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
+from test_native import recall_checkpoint  # noqa: E402  (the same stand-in checkpoint)
+
 
 def run_lines(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
             sys.executable, str(REPO / "bench" / "e2e" / "lines.py"), "--out", str(out),
             "--emulator", "--reps", "1", "--long-reps", "1", "--conc-reps", "1",
-            "--loaded-reps", "1", "--tokens", "8", "--greedy-tokens", "4",
-            "--ready-budget-s", "60", *extra,
+            "--loaded-reps", "1", "--tokens", "8", "--ready-budget-s", "60",
+            "--recall-work", str(out.parent / "recall-work"), *extra,
         ],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
 
 
 def test_lines_e2e_dry_run_on_emulators(tmp_path):
-    proc = run_lines(tmp_path)
+    out = tmp_path / "out"
+    proc = run_lines(out, "--recall-model", str(recall_checkpoint(tmp_path)))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    doc = json.loads((tmp_path / "lines-e2e.json").read_text())
+    doc = json.loads((out / "lines-e2e.json").read_text())
     assert list(doc["phases"]) == ["fa3", "flashinfer"]
     fa3, fi = doc["phases"]["fa3"], doc["phases"]["flashinfer"]
     assert set(fa3["servers"]) == {"upstream", "patched", "bf16"}
@@ -37,17 +40,22 @@ def test_lines_e2e_dry_run_on_emulators(tmp_path):
         # Every server was started through the launcher's stand-in on its own backend.
         for s in phase["servers"].values():
             assert "--attention-backend" in s["argv"]
-        counts = {k: v["prompts"] for k, v in phase["greedy"]["patched"].items()}
-        assert counts == {"short": 6, "long": 1, "shared_prefix": 4, "concurrent": 16}
+        # the agreement check: each path's recall twin, 16 queries at 2k and at 8k
+        assert set(phase["greedy"]) == set(phase["servers"])
+        assert {c: r["queries"] for c, r in phase["greedy"]["patched"].items()} == {
+            "2048": 16,
+            "8192": 16,
+        }
+        assert all(r["errors"] == 0 for per in phase["greedy"].values() for r in per.values())
         assert phase["summary"]["upstream"]["single_128_ms"] is not None
         assert phase["summary"]["patched"]["loaded_64_steady_ms"] is not None
     # Per backend: <= 1.05x BF16 and <= 0.15x upstream at 1 and 16 streams, and identity of the
     # bit-identical path (fa3's patched path, flashinfer's gather path).
     bars = [b["bar"] for ph in (fa3, fi) for b in ph["bars"]]
     assert len(bars) == 10
-    assert "fa3: patched greedy identical to upstream (27 prompts)" in bars
-    assert "flashinfer: gather greedy identical to upstream (27 prompts)" in bars
-    assert "| fa3 | patched |" in (tmp_path / "lines-e2e.md").read_text()
+    assert "fa3: patched greedy identical to upstream (32 recall queries)" in bars
+    assert "flashinfer: gather greedy identical to upstream (32 recall queries)" in bars
+    assert "| fa3 | patched |" in (out / "lines-e2e.md").read_text()
 
 
 def test_lines_e2e_refuses_an_unknown_backend_in_one_line(tmp_path):

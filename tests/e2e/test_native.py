@@ -1,5 +1,6 @@
-"""bench/e2e/native.py end to end on emulators: four paths started, every prompt set compared
-with upstream, every timed path summarised with its bars (the device run is the same code)."""
+"""bench/e2e/native.py end to end on emulators: four paths started, their recall-model twins
+asked the agreement check's queries, every timed path summarised with its bars (the device run
+is the same code)."""
 
 from __future__ import annotations
 
@@ -8,25 +9,43 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
+def recall_checkpoint(tmp_path: Path) -> Path:
+    """An untrained recall checkpoint: the emulators do not read weights, the flow needs one."""
+    torch = pytest.importorskip("torch")
+    import recall_model as rm
+
+    torch.manual_seed(0)
+    rm.write_checkpoint(rm.RecallModel(rm.Shape()), tmp_path / "recall")
+    return tmp_path / "recall"
+
+
 def test_native_e2e_dry_run_on_emulators(tmp_path):
+    out = tmp_path / "out"
     proc = subprocess.run(
         [
-            sys.executable, str(REPO / "bench" / "e2e" / "native.py"), "--out", str(tmp_path),
+            sys.executable, str(REPO / "bench" / "e2e" / "native.py"), "--out", str(out),
             "--emulator", "--reps", "1", "--long-reps", "1", "--conc-reps", "1", "--loaded-reps", "1",
-            "--tokens", "8", "--greedy-tokens", "4", "--ready-budget-s", "60",
+            "--tokens", "8", "--ready-budget-s", "60", "--recall-model", str(recall_checkpoint(tmp_path)),
+            "--recall-work", str(tmp_path / "work"),
         ],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    doc = json.loads((tmp_path / "native-e2e.json").read_text())
+    doc = json.loads((out / "native-e2e.json").read_text())
     assert all("ready_s" in s for s in doc["servers"].values()), doc["servers"]
-    assert set(doc["greedy"]) == {"gather", "native", "bf16"}
-    for sets in doc["greedy"].values():
-        counts = {k: v["prompts"] for k, v in sets.items()}
-        assert counts == {"short": 6, "long": 1, "shared_prefix": 4, "concurrent": 16}
+    assert all("ready_s" in s for s in doc["recall_servers"].values()), doc["recall_servers"]
+    # every path's recall twin answered 16 queries per context; each but upstream compared
+    assert set(doc["greedy"]) == {"upstream", "gather", "native", "bf16"}
+    for name, per in doc["greedy"].items():
+        assert set(per) == {"2048", "8192"}
+        for r in per.values():
+            assert r["queries"] == 16 and r["errors"] == 0, (name, r)
+            assert ("identical_to_reference" in r) == (name != "upstream")
     for path in ("bf16", "gather", "native"):
         s = doc["summary"][path]
         keys = ("single_128_ms", "single_6000_ms", "conc_16_ms", "conc_16_tok_s",
@@ -39,7 +58,43 @@ def test_native_e2e_dry_run_on_emulators(tmp_path):
             assert s[f"{workload}_accept_length"] is None, (path, workload)
     # TPOT at 1 stream (two prompts), 16 streams and 64 streams steady; tok/s at 16 and 64.
     assert len(doc["bars"]) == 6
-    assert any("0.9x BF16 KV, 64 streams" in b["bar"] for b in doc["bars"])
-    text = (tmp_path / "native-e2e.md").read_text()
-    assert "| native |" in text
-    assert "Where the TPOT comes from (MTP)" in text and "| native | 1.00 / — |" in text
+    assert any("native <= 0.9x bf16, 64 streams" in b["bar"] for b in doc["bars"])
+    md = (out / "native-e2e.md").read_text()
+    assert "| native |" in md and "identical to upstream / queries" in md
+    assert "Where the TPOT comes from (MTP)" in md and "| native | 1.00 / — |" in md
+
+
+def test_native_e2e_mtp_mode_pairs_each_fp8_path_with_its_bf16_twin(tmp_path):
+    """--mtp: BF16/native/gather with MTP beside BF16/native without; the bars compare native
+    with BF16 KV in each mode, and no upstream or recall server starts."""
+    proc = subprocess.run(
+        [
+            sys.executable, str(REPO / "bench" / "e2e" / "native.py"), "--out", str(tmp_path),
+            "--emulator", "--mtp", "--heads", "8", "--reps", "1", "--long-reps", "1",
+            "--conc-reps", "1", "--loaded-reps", "1", "--tokens", "8", "--ready-budget-s", "60",
+        ],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    doc = json.loads((tmp_path / "native-e2e.json").read_text())
+    assert set(doc["servers"]) == {"bf16-mtp", "native-mtp", "gather-mtp", "bf16", "native"}
+    assert doc["greedy"] == {} and doc["pool_tokens"] == 200_000
+    bars = [b["bar"] for b in doc["bars"]]
+    assert any(b.startswith("TPOT native-mtp <= 1.0x bf16-mtp, single stream") for b in bars)
+    assert any(b.startswith("TPOT native <= 1.0x bf16, single stream") for b in bars)
+    assert len(bars) == 12
+
+
+def test_native_e2e_says_so_without_a_recall_checkpoint(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable, str(REPO / "bench" / "e2e" / "native.py"), "--out", str(tmp_path),
+            "--emulator", "--reps", "1", "--long-reps", "0", "--conc-reps", "0", "--loaded-reps", "0",
+            "--tokens", "4", "--ready-budget-s", "60", "--recall-model", str(tmp_path / "absent"),
+        ],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    doc = json.loads((tmp_path / "native-e2e.json").read_text())
+    assert doc["greedy"] == {}
+    assert any("no agreement check" in n for n in doc["notes"])
