@@ -370,3 +370,10 @@ def test_a_wrapper_runs_native_only_after_a_plan_recorded_for_it(native):
     kv2, _, qo2, _ = state.planned(verify)
     assert kv2.data_ptr() == kv.data_ptr() and qo2.data_ptr() == qo.data_ptr()
     assert kv2.tolist() == [0, 3, 5] and qo2.tolist() == [0, 2, 4]
+    # More heads per rank than the kernel serves speculative batches with: gather.
+    state.note_plan(verify, torch.tensor([0, 3, 5], dtype=torch.int32), 0.2,
+                    torch.tensor([0, 2, 4], dtype=torch.int32), 4, native.VERIFY_MAX_HEADS + 8)  # fmt: skip
+    assert state.planned(verify) is None
+    state.note_plan(verify, torch.tensor([0, 3, 5], dtype=torch.int32), 0.2,
+                    torch.tensor([0, 2, 4], dtype=torch.int32), 4, native.VERIFY_MAX_HEADS)  # fmt: skip
+    assert state.planned(verify) is not None

@@ -23,7 +23,6 @@ from glmserve.series.wheels import extract_site, fetch_wheel
 REPO = Path(__file__).resolve().parents[2]
 VERSION = "0.5.12.post1"
 ATTENTION = "sglang/srt/layers/attention/"
-POOL = "sglang/srt/mem_cache/memory_pool.py"  # the series patches its FP8 store too
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +32,7 @@ def patched(tmp_path_factory: pytest.TempPathFactory, require) -> Path:
         "Triton was imported before TRITON_INTERPRET=1 could be set",
     )
     site = tmp_path_factory.mktemp("site")
-    extract_site(fetch_wheel(VERSION), site, [ATTENTION + "flashinfer_mla_backend.py", POOL])
+    extract_site(fetch_wheel(VERSION), site, [ATTENTION + "flashinfer_mla_backend.py"])
     outcome = apply(site, REPO / "patches")
     assert outcome.action == "applied", outcome.message
     return site / ATTENTION
@@ -79,26 +78,3 @@ def test_the_decode_switch_agrees(patched: Path, monkeypatch: pytest.MonkeyPatch
         native.decode_mode()
     with pytest.raises(switches.SwitchError):
         switches.fp8_attention_path({switches.FP8_ATTENTION.name: "fast"})
-
-
-def test_the_fused_fp8_store_follows_the_series_switch(monkeypatch):
-    """Only an FP8 e4m3 pool fed 16-bit values on a GPU, with the series on, converts inside
-    the scatter; everything else keeps SGLang's own store."""
-    import importlib
-
-    torch = importlib.import_module("torch")
-    gather = importlib.import_module("glmserve.kernels.fp8_kv_gather")
-    cpu = torch.zeros(2, 512, dtype=torch.bfloat16)
-    assert not gather.fused_fp8_kv_store(torch.float8_e4m3fn, cpu)  # not on a GPU
-    monkeypatch.setattr(gather, "fp8_gather_supported", lambda device: True)
-    monkeypatch.setattr(gather.torch.Tensor, "device", property(lambda t: torch.device("cuda", 0)))
-    monkeypatch.setenv(gather.ENV_SWITCH, "1")
-    assert gather.fused_fp8_kv_store(torch.float8_e4m3fn, cpu)
-    assert not gather.fused_fp8_kv_store(torch.bfloat16, cpu)
-    assert not gather.fused_fp8_kv_store(torch.float8_e5m2, cpu)
-    assert not gather.fused_fp8_kv_store(torch.float8_e4m3fn, cpu.float())
-    monkeypatch.setenv(gather.ENV_SWITCH, "0")
-    assert not gather.fused_fp8_kv_store(torch.float8_e4m3fn, cpu)
-    monkeypatch.setenv(gather.ENV_SWITCH, "1")
-    monkeypatch.setenv(gather.FUSED_STORE_SWITCH, "0")
-    assert not gather.fused_fp8_kv_store(torch.float8_e4m3fn, cpu)

@@ -30,8 +30,6 @@ from support.sglang_standins import (  # noqa: E402
 )
 
 from glmserve.preflight.verify import FA_BACKEND_REL  # noqa: E402
-
-POOL_REL = "sglang/srt/mem_cache/memory_pool.py"  # the series patches its FP8 store too
 from glmserve.selftest.classcheck import (  # noqa: E402
     SMALL,
     BackendApi,
@@ -53,7 +51,7 @@ def site(tmp_path_factory) -> Path:
     site = extract_site(
         fetch_wheel("0.5.12.post1"),
         tmp_path_factory.mktemp("site"),
-        [BACKEND_REL, BASE_REL, POOL_REL],
+        [BACKEND_REL, BASE_REL],
     )
     assert apply(site, REPO / "patches").action == "applied"
     return site
@@ -63,7 +61,7 @@ def site(tmp_path_factory) -> Path:
 def site_0_5_17(tmp_path_factory) -> Path:
     """0.5.17's tree: the patched files, the base class, and the runtime context and DCP
     modules its backend plans through (RUNTIME_RELS), all from the real wheel."""
-    members = [BACKEND_REL, BASE_REL, FA_BACKEND_REL, POOL_REL, *RUNTIME_RELS]
+    members = [BACKEND_REL, BASE_REL, FA_BACKEND_REL, *RUNTIME_RELS]
     site = extract_site(fetch_wheel("0.5.17"), tmp_path_factory.mktemp("site-0.5.17"), members)
     assert apply(site, REPO / "patches").action == "applied"
     return site

@@ -22,7 +22,6 @@ REPO = Path(__file__).resolve().parents[2]
 PATCHES = REPO / "patches"
 BACKEND = "sglang/srt/layers/attention/flashinfer_mla_backend.py"
 FA_BACKEND = "sglang/srt/layers/attention/flashattention_backend.py"
-POOL = "sglang/srt/mem_cache/memory_pool.py"  # the series patches its FP8 store too
 NEWEST = "0.5.23"
 # A real release between the lines, whose files neither newer series fits (regen says so).
 BETWEEN = "0.5.22"
@@ -49,13 +48,14 @@ def between_wheel(require) -> Path:
 
 
 def test_a_real_release_without_a_series_is_refused_in_one_line(tmp_path, between_wheel):
-    site = extract_site(between_wheel, tmp_path / "site", [BACKEND, FA_BACKEND, POOL])
+    site = extract_site(between_wheel, tmp_path / "site", [BACKEND, FA_BACKEND])
     before = snapshot(site)
     proc = run_shim("--target", str(site))
     assert proc.returncode == 1
     assert proc.stderr.splitlines() == [
         f"glmserve-patch: error: SGLang {BETWEEN} is not supported: no patch series for it in "
-        "series.lock.json (supported: 0.5.12, 0.5.12.post1, 0.5.17, 0.5.23)"
+        "series.lock.json (supported: 0.5.10, 0.5.10.post1, 0.5.11, 0.5.12, 0.5.12.post1, "
+        "0.5.17, 0.5.23, 0.5.9)"
     ]
     assert snapshot(site) == before
     assert run_shim("--target", str(site), "--check").returncode == 1
@@ -104,7 +104,7 @@ def test_a_release_that_dropped_the_cast_is_refused_by_regen_and_apply(tmp_path)
                 data = data.replace(f"Version: {NEWEST}".encode(), f"Version: {future}".encode())
             elif name in ("sglang/version.py", "sglang/_version.py"):
                 data = data.replace(NEWEST.encode(), future.encode())
-            elif not name.startswith(("sglang/srt/layers/attention/", "sglang/srt/mem_cache/")):
+            elif not name.startswith("sglang/srt/layers/attention/"):
                 continue
             zout.writestr(name, data)
     with zipfile.ZipFile(out) as zf:
@@ -114,7 +114,7 @@ def test_a_release_that_dropped_the_cast_is_refused_by_regen_and_apply(tmp_path)
     with pytest.raises(PatchError, match=rf"flashinfer_mla_backend\.py: .* on {future} hunk #"):
         regenerate(patches, cache, download=False)
 
-    site = extract_site(out, tmp_path / "site", [BACKEND, FA_BACKEND, POOL])
+    site = extract_site(out, tmp_path / "site", [BACKEND, FA_BACKEND])
     before = snapshot(site)
     with pytest.raises(PatchError, match=rf"SGLang {future} is not supported"):
         apply(site, PATCHES)

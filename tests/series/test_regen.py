@@ -67,9 +67,7 @@ def _doctored_wheel(real: Path, dest_dir: Path, version: str, edits: dict[str, b
     out = dest_dir / f"sglang-{version}-py3-none-any.whl"
     with zipfile.ZipFile(real) as zin, zipfile.ZipFile(out, "w") as zout:
         for name in zin.namelist():
-            if name.startswith(("sglang/srt/layers/attention/", "sglang/srt/mem_cache/")) or (
-                ".dist-info/" in name
-            ):
+            if name.startswith("sglang/srt/layers/attention/") or ".dist-info/" in name:
                 zout.writestr(name, edits.pop(name, zin.read(name)))
             elif name in ("sglang/_version.py", "sglang/version.py", "sglang/__init__.py"):
                 zout.writestr(name, zin.read(name))

@@ -48,7 +48,6 @@ import triton
 import triton.language as tl
 
 ENV_SWITCH = "GLMSERVE_FP8_GATHER"
-FUSED_STORE_SWITCH = "GLMSERVE_FP8_FUSED_STORE"
 # Hardware e4m3 -> f32 convert (Ada, Hopper, Blackwell): the kernel's float8e4nv needs it.
 MIN_CAPABILITY = (8, 9)
 
@@ -99,23 +98,6 @@ def fp8_gather_supported(device: torch.device) -> bool:
             *MIN_CAPABILITY,
         )
     return False
-
-
-def fused_fp8_kv_store(pool_dtype: torch.dtype, k_nope: torch.Tensor) -> bool:
-    """Whether the MLA pool's write converts BF16/FP16 to FP8 inside the scatter kernel
-    (SGLang's own fused store, ``set_mla_kv_buffer_triton_fp8_quant``, which upstream runs on
-    HIP only) instead of two ``.to()`` casts before it: two kernels fewer per layer and step.
-    The bytes are the same: both round to nearest even and saturate at +-448. Off with the
-    series (GLMSERVE_FP8_GATHER=0, the upstream path), on GPUs without the e4m3 convert, and
-    with GLMSERVE_FP8_FUSED_STORE=0 (SGLang's own two casts, the rest of the series on)."""
-    return (
-        os.environ.get(FUSED_STORE_SWITCH, "1").strip() != "0"
-        and pool_dtype == torch.float8_e4m3fn
-        and k_nope.dtype in (torch.bfloat16, torch.float16)
-        and k_nope.device.type == "cuda"
-        and fp8_gather_enabled()
-        and fp8_gather_supported(k_nope.device)
-    )
 
 
 @triton.jit

@@ -878,6 +878,13 @@ def _announce(line: str) -> None:
         logger.info(line)
 
 
+# Speculative batches go native up to this many heads per rank. Above it the kernel holds 8 heads
+# per program and reads every KV tile once per 8: on the H100 at 16 heads and 4 query tokens it
+# took 1.1-1.5x the gather path's time from 8 requests up (bench/results/fp8-verify-h100-*), while
+# at 8 heads (GLM-5 at TP8) it took 0.67-0.85x.
+VERIFY_MAX_HEADS = 8
+
+
 def speculative_tokens(model_runner: Any) -> int:
     """The most query tokens a speculative batch holds per request (target verify: the draft
     tokens; draft extend: the accepted ones plus one, no more), 1 without speculation."""
@@ -931,15 +938,23 @@ class Fp8NativeDecode:
         sm_scale: float,
         qo_indptr: torch.Tensor | None = None,
         max_q_len: int = 1,
+        num_heads: int | None = None,
     ) -> None:
         """Record what `wrapper` was planned with (kv_indptr None: the gather path serves it).
-        Called after every plan, outside CUDA graphs.
+        Called after every plan, outside CUDA graphs. A speculative batch with more than
+        VERIFY_MAX_HEADS heads per rank (`num_heads`) is recorded for the gather path.
 
         Decode passes a view of a persistent kv_indptr buffer, which a captured graph reads
         as is. A speculative batch passes `qo_indptr` and the host-known bound `max_q_len`; its
         indptrs are tensors SGLang builds anew for every plan (on the host or the device), so
         they are copied into device buffers this wrapper keeps for its life, the ones a graph
         captured with it reads. The kernel writes NaN for a token past `max_q_len`."""
+        if qo_indptr is not None and (num_heads or 0) > VERIFY_MAX_HEADS:
+            _announce(
+                f"glmserve FP8 KV speculative verify/draft extend: gather-then-cast + FlashInfer "
+                f"({num_heads} heads per rank: the native kernel serves up to {VERIFY_MAX_HEADS})"
+            )
+            kv_indptr = None
         if kv_indptr is not None and qo_indptr is not None:
             kv_indptr, qo_indptr = self._stable_indptrs(wrapper, kv_indptr, qo_indptr)
         self._plans[wrapper] = (

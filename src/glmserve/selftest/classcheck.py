@@ -653,10 +653,19 @@ def _verify_batch(world: _World, reqs: list[int], lens: tuple[int, ...]) -> Any:
     )  # fmt: skip
 
 
+def _verify_native(world: _World) -> bool:
+    """Whether the patched class serves speculative batches natively here: native mode, and no
+    more heads than the installed kernel module's VERIFY_MAX_HEADS (gather-then-cast above)."""
+    state = getattr(world.parts.backend, "Fp8NativeDecode", None)
+    limit = state.__init__.__globals__.get("VERIFY_MAX_HEADS") if state is not None else None
+    return world.mode == "native" and (limit is None or world.geo.heads <= limit)
+
+
 def _native_ran(world: _World, backend: Any, patched: Any, before: int, what: str) -> None:
-    """The native kernel ran once per layer for the patched class in native mode, else never."""
+    """The native kernel ran once per layer for the patched class when it serves the batch,
+    else never."""
     ran = world.native_calls - before
-    wanted = len(world.layers) if backend is patched and world.mode == "native" else 0
+    wanted = len(world.layers) if backend is patched and _verify_native(world) else 0
     if ran != wanted:
         who = "patched" if backend is patched else "upstream"
         raise WiringFailure(
@@ -667,7 +676,7 @@ def _native_ran(world: _World, backend: Any, patched: Any, before: int, what: st
 
 def _judge_verify(world: _World, name: str, fb: Any, qs: list[Any], got, want) -> None:
     """Bitwise for gather-then-cast; against fp64 (causal) for the native kernel."""
-    if world.mode == "native":
+    if _verify_native(world):
         _close(world, name, got, want, _verify_reference(world, fb, qs))
     else:
         _compare(world, name, got, want)

@@ -86,7 +86,9 @@ def time_decode_paths(
         "verify_native_us": [], "verify_gather_us": [],
     }  # fmt: skip
     shapes = [(batch, 1) for batch in batches]
-    shapes += [(batch, verify_tokens) for batch in batches if verify_tokens > 1]
+    # Above the kernel's VERIFY_MAX_HEADS speculative batches take gather on either path: no choice.
+    verify = verify_tokens > 1 and heads <= getattr(native, "VERIFY_MAX_HEADS", heads)
+    shapes += [(batch, verify_tokens) for batch in batches if verify]
     for batch, tokens in shapes:
         indptr = torch.arange(batch + 1, dtype=torch.int32, device=device) * CONTEXT
         qo = torch.arange(batch + 1, dtype=torch.int32, device=device) * tokens
