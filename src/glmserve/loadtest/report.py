@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from glmserve.loadtest.pareto import write_pareto
 from glmserve.loadtest.results import SLO, STAT_KEYS, StepResult, step_summary
+from glmserve.loadtest.stepinfo import capacity, repeat_intervals, step_extras, write_goodput_csv
 
 if TYPE_CHECKING:
     from glmserve.loadtest.session import Session
@@ -36,6 +38,8 @@ def build_summary(session: Session, host: str) -> tuple[dict[str, Any], list[Ste
     slo = SLO(opts.slo_ttft_ms, opts.slo_tpot_ms, opts.slo_percentile) if opts.slo_set else None
     steps = session.collector.steps()
     step_dicts = [step_summary(s, slo) for s in steps]
+    for d, step in zip(step_dicts, steps, strict=True):
+        d.update(step_extras(session, step, slo))
     breaches = [line for d in step_dicts for line in d.get("slo_breaches", [])]
     if slo is not None and not steps:
         breaches.append("no measured step: the run ended before any measurement window")
@@ -78,9 +82,30 @@ def build_summary(session: Session, host: str) -> tuple[dict[str, Any], list[Ste
             ),
         },
         "failures_total": session.collector.failures_total(),
+        "capacity": capacity(step_dicts),
+        "repeats": repeat_intervals(step_dicts),
         "steps": step_dicts,
     }
+    summary["workload"].update(_open_loop_workload(session))
     return summary, steps
+
+
+def _open_loop_workload(session: Session) -> dict[str, Any]:
+    """The workload fields of the open-loop, workload and repeat options."""
+    opts = session.options
+    out: dict[str, Any] = {"repeats": opts.repeats}
+    if session.workload is not None:
+        out.update(session.workload.describe())
+    if opts.open_loop:
+        out.update(
+            rates_rps=list(opts.rates) or None,
+            arrivals=opts.arrivals,
+            burstiness=opts.burstiness if opts.arrivals == "gamma" else None,
+            senders=opts.senders,
+            sweep_rates=opts.sweep_count if opts.shape == "rate-sweep" and not opts.rates else None,
+            arrival_seed=session.open_loop.seed if session.open_loop else None,
+        )
+    return out
 
 
 def write_report(session: Session, host: str, cwd: str) -> Outcome:
@@ -92,8 +117,11 @@ def write_report(session: Session, host: str, cwd: str) -> Outcome:
     write_requests_csv(directory / "requests.csv", session)
     opts = session.options
     slo = SLO(opts.slo_ttft_ms, opts.slo_tpot_ms, opts.slo_percentile) if opts.slo_set else None
+    write_goodput_csv(directory / "goodput.csv", summary["steps"])
     try:
         write_plots(directory, steps, slo, None if session.complete else session.stopped_by)
+        if len(summary["steps"]) > 1:
+            write_pareto(directory, summary["steps"], opts.slo_tpot_ms)
     except ImportError as exc:  # matplotlib is in the loadtest extra; plots are optional
         log.warning("plots skipped: %s", exc)
     breaches = summary["slo"]["breaches"] if summary["slo"] else []
@@ -144,6 +172,8 @@ def write_requests_csv(path: Path, session: Session) -> None:
                 "output_tokens",
                 "prompt_tokens",
                 "count",
+                "cached_tokens",
+                "turn",
             ]
         )
         for rec in sorted(collector.records, key=lambda r: r.started_at):
@@ -157,8 +187,9 @@ def write_requests_csv(path: Path, session: Session) -> None:
                     continue
                 kept[key] = kept.get(key, 0) + 1
                 w.writerow(
-                    [f"{rec.started_at:.6f}", step, 0, rec.reason, "", "", "", "", "", "", 1]
-                )
+                    [f"{rec.started_at:.6f}", step, 0, rec.reason, "", "", "", "", "", "", 1,
+                     "", rec.turn or ""]
+                )  # fmt: skip
                 continue
             w.writerow(
                 [
@@ -173,10 +204,12 @@ def write_requests_csv(path: Path, session: Session) -> None:
                     t.output_tokens,
                     t.prompt_tokens,
                     1,
+                    "" if t.cached_tokens is None else t.cached_tokens,
+                    rec.turn or "",
                 ]
             )
         for (step, reason), (first, count) in left_out.items():
-            w.writerow([f"{first:.6f}", step, 0, reason, "", "", "", "", "", "", count])
+            w.writerow([f"{first:.6f}", step, 0, reason, "", "", "", "", "", "", count, "", ""])
 
 
 def _streams(n: int) -> str:

@@ -7,12 +7,14 @@ import itertools
 import logging
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from glmserve.loadtest.openloop import OpenLoop
 from glmserve.loadtest.options import LoadTestOptions
 from glmserve.loadtest.results import Collector, RequestRecord
-from glmserve.loadtest.stages import Tick
+from glmserve.loadtest.stages import Stage, StagePlayer, Tick
+from glmserve.loadtest.workload import Workload
 from glmserve.streaming import StreamTiming
 
 log = logging.getLogger(__name__)
@@ -32,13 +34,22 @@ class Session:
     # the shape's player (--run-time, or stopped before its end: Ctrl-C, a web-UI stop).
     stopped_by: str | None = None
     complete: bool = True
+    # Request contents (lengths, datasets, conversations); None: PromptSource per user.
+    workload: Workload | None = None
+    # The arrivals of open-loop steps (set by the plugin when a step has a rate).
+    open_loop: OpenLoop | None = None
+    player: StagePlayer | None = None  # the shape's steps, rates decided as the run goes
     _ids: itertools.count = field(default_factory=itertools.count)
 
     def next_stream_id(self) -> int:
         return next(self._ids)
 
-    def record_success(self, started_at: float, timing: StreamTiming) -> None:
-        rec = RequestRecord(started_at, started_at + timing.e2e_s, timing)
+    @property
+    def stages(self) -> list[Stage]:
+        return self.player.stages if self.player is not None else []
+
+    def record_success(self, started_at: float, timing: StreamTiming, turn: int | None = None) -> None:
+        rec = RequestRecord(started_at, started_at + timing.e2e_s, timing, turn=turn)
         self.collector.add(rec, is_worker=self.is_worker)
 
     def record_failure(self, started_at: float, ended_at: float, reason: str) -> None:
@@ -47,11 +58,59 @@ class Session:
         )
 
     def on_phase(self, tick: Tick, at: float, environment: Any) -> None:
-        log.info("step %d: %d streams, %s", tick.step, tick.users, tick.phase)
+        if tick.rate is None:
+            log.info("step %d: %d streams, %s", tick.step, tick.users, tick.phase)
+        else:
+            log.info("step %d: %g requests/s, %d senders, %s", tick.step, tick.rate, tick.users,
+                     tick.phase)  # fmt: skip
+        if self.open_loop is not None and tick.phase == "warmup":
+            # A step's arrivals start with its warm-up and end where the next step begins.
+            if tick.rate is None:
+                self.open_loop.end()
+            else:
+                self.open_loop.begin(tick.step, tick.rate)
         self.collector.phase(tick.step, tick.users, tick.phase, at)
         if tick.phase == "measure" and environment.runner is not None:
             # Locust's own table then shows this step's steady state only.
             environment.runner.stats.reset_all()
+
+
+    def end_of_run(self, at: float) -> None:
+        """The shape ended: close the measuring window and the last step's arrivals."""
+        if self.open_loop is not None:
+            self.open_loop.end()
+        self.collector.close(at)
+
+    def resolve_rates(self, stages: list[Stage]) -> list[Stage] | str:
+        """A rate sweep's rates, from its measured synchronous and throughput steps (the first
+        pass's, so every repeat runs the same rates): glmserve.loadtest.arrivals.sweep_rates.
+        Each of the two steps' rate is its streams / mean e2e (Little's law, which holds for
+        closed-loop streams with no think time and needs no whole request in the window)."""
+        from glmserve.loadtest.arrivals import sweep_rates
+
+        self.collector.close(time.time())  # the throughput step ends here
+        measured = {}
+        for step in self.collector.steps():
+            stage = stages[step.step] if step.step < len(stages) else None
+            if stage is None or stage.repeat != 0 or stage.role not in ("synchronous", "throughput"):
+                continue
+            e2e = [t.e2e_s for t in step.aggregate.timings]
+            if e2e:
+                measured[stage.role] = stage.streams / (sum(e2e) / len(e2e))
+        sync, top = measured.get("synchronous"), measured.get("throughput")
+        if sync is None or top is None:
+            return "rate sweep: the synchronous or throughput step timed no request, so no rates"
+        pending = sorted({s.level for s in stages if s.pending})
+        rates = sweep_rates(sync, top, len(pending))
+        if not rates:
+            return (
+                f"rate sweep: throughput ({top:.3g} req/s) is no higher than synchronous "
+                f"({sync:.3g} req/s), so there are no rates in between"
+            )
+        by_level = dict(zip(pending, rates, strict=True))
+        log.info("rate sweep: synchronous %.3g req/s, throughput %.3g req/s; rates %s", sync,
+                 top, ", ".join(f"{r:.3g}" for r in rates))  # fmt: skip
+        return [replace(s, rate=by_level[s.level]) if s.pending else s for s in stages]
 
 
 # Keyed by the Environment object (weakly: a finished Environment takes its session with it),
