@@ -58,6 +58,10 @@ def _on_init(environment: Environment, **_: Any) -> None:
     except OptionsError as exc:
         sys.stderr.write(f"locust decode suite: {exc}\n")
         sys.exit(2)
+    if options.open_loop and getattr(ns, "num_users", None) is None:
+        # Locust turns an absent -u into 1 before the shape starts, and the options are read
+        # again then: keep the open-loop default of senders instead.
+        ns.num_users = options.senders
     scheme = urlsplit(environment.host or "").scheme
     if environment.host and scheme not in ("http", "https"):
         # Anything else sends no request at all: a run with 0 requests that calls itself complete.
