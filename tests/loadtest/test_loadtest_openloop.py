@@ -114,7 +114,7 @@ def test_queue_verdict_tells_a_wandering_queue_from_a_growing_one() -> None:
     assert growing["in_flight"]["growth_per_s"] == pytest.approx(9.0, rel=0.01)
     line = capacity_line("step 0 (12 req/s)", growing)
     assert "above capacity at 12 requests/s" in line and "queue grows" in line
-    missed = records(5, 10, lambda t: 3) + [ArrivalRecord(0, 5.0, None, 3)]
+    missed = [*records(5, 10, lambda t: 3), ArrivalRecord(0, 5.0, None, 3)]
     assert arrival_summary(missed, 0, 0, 10, 5.0)["queue_grows"]
     assert capacity_line("x", stable) is None
 

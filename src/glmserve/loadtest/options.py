@@ -117,7 +117,9 @@ class LoadTestOptions:
         if self.repeats < 1:
             problems.append("--repeats must be >= 1")
         if self.shape == "rate-sweep" and self.measure_s == 0:
-            problems.append("--measure-s 0 (run until stopped) does not work with --shape rate-sweep")
+            problems.append(
+                "--measure-s 0 (run until stopped) does not work with --shape rate-sweep"
+            )
         if self.repeats > 1 and self.measure_s == 0:
             problems.append("--repeats needs a finite --measure-s")
         if self.turns < 1:
@@ -271,8 +273,8 @@ def add_workload_arguments(parser: Any) -> None:
         "--rate",
         default="",
         help="open loop: arrivals per second, sent whether or not earlier requests finished "
-        "(-u = senders, the most in flight; default %d); a list like 2,4,8 with --shape "
-        "rate-sweep" % DEFAULT_SENDERS,
+        f"(-u = senders, the most in flight; default {DEFAULT_SENDERS}); a list like 2,4,8 with "
+        "--shape rate-sweep",
     )
     g.add_argument(
         "--arrivals",

@@ -19,6 +19,7 @@ import locust
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
+from glmserve.loadtest.openloop import OpenLoop
 from glmserve.loadtest.options import (
     EXIT_INCOMPLETE,
     EXIT_REPORT_FAILED,
@@ -27,7 +28,6 @@ from glmserve.loadtest.options import (
     OptionsError,
     add_arguments,
 )
-from glmserve.loadtest.openloop import OpenLoop
 from glmserve.loadtest.prompts import load_prompt_file
 from glmserve.loadtest.session import Session, attach, find_session, sessions
 from glmserve.loadtest.shapes import DecodeShape

@@ -48,7 +48,9 @@ class Session:
     def stages(self) -> list[Stage]:
         return self.player.stages if self.player is not None else []
 
-    def record_success(self, started_at: float, timing: StreamTiming, turn: int | None = None) -> None:
+    def record_success(
+        self, started_at: float, timing: StreamTiming, turn: int | None = None
+    ) -> None:
         rec = RequestRecord(started_at, started_at + timing.e2e_s, timing, turn=turn)
         self.collector.add(rec, is_worker=self.is_worker)
 
@@ -74,7 +76,6 @@ class Session:
             # Locust's own table then shows this step's steady state only.
             environment.runner.stats.reset_all()
 
-
     def end_of_run(self, at: float) -> None:
         """The shape ended: close the measuring window and the last step's arrivals."""
         if self.open_loop is not None:
@@ -92,7 +93,11 @@ class Session:
         measured = {}
         for step in self.collector.steps():
             stage = stages[step.step] if step.step < len(stages) else None
-            if stage is None or stage.repeat != 0 or stage.role not in ("synchronous", "throughput"):
+            if (
+                stage is None
+                or stage.repeat != 0
+                or stage.role not in ("synchronous", "throughput")
+            ):
                 continue
             e2e = [t.e2e_s for t in step.aggregate.timings]
             if e2e:

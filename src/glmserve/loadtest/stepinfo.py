@@ -140,7 +140,9 @@ def repeat_intervals(step_dicts: Sequence[dict[str, Any]]) -> list[dict[str, Any
                 "ci95": list(interval),
                 "values": values,
             }
-        out.append({"level": level, "label": runs[0].get("label"), "n": len(runs), "figures": figures})
+        out.append(
+            {"level": level, "label": runs[0].get("label"), "n": len(runs), "figures": figures}
+        )
     return out
 
 
@@ -230,4 +232,3 @@ def _mean(values: Any) -> float | None:
 def _clean(summary: Any) -> dict[str, Any]:
     return {k: (None if isinstance(v, float) and math.isnan(v) else v)
             for k, v in summary.as_dict().items()}  # fmt: skip
-

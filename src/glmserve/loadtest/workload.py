@@ -41,7 +41,9 @@ class LengthDist:
         kind, _, rest = spec.partition(":")
         params = rest.split(":") if rest else []
         want = {"fixed": 1, "uniform": 2, "normal": 2, "lognormal": 2}.get(kind)
-        usage = f"{flag} {spec!r}: use fixed:N, uniform:LO:HI, normal:MEAN:SD or lognormal:MEDIAN:SIGMA"
+        usage = (
+            f"{flag} {spec!r}: use fixed:N, uniform:LO:HI, normal:MEAN:SD or lognormal:MEDIAN:SIGMA"
+        )
         if want is None or len(params) != want:
             raise OptionsError(usage)
         try:
@@ -176,9 +178,7 @@ class Workload:
             LengthDist.parse(options.input_dist, "--input-dist") if options.input_dist else None
         )
         self.output_dist = (
-            LengthDist.parse(options.output_dist, "--output-dist")
-            if options.output_dist
-            else None
+            LengthDist.parse(options.output_dist, "--output-dist") if options.output_dist else None
         )
         self._idle: collections.deque[Conversation] = collections.deque()
         self._ids = itertools.count(1)
@@ -207,7 +207,9 @@ class Workload:
         if self.options.turns == 1:
             return Request((("user", content),), max_tokens)
         conv = (
-            self._idle.popleft() if self._idle else Conversation(next(self._ids), self.options.turns)
+            self._idle.popleft()
+            if self._idle
+            else Conversation(next(self._ids), self.options.turns)
         )
         turn = conv.turn
         conv.messages.append(("user", content))
