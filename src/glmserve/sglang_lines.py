@@ -90,6 +90,7 @@ LINES: dict[str, Line] = {
                 "glm5-nvfp4-b200-tp8-dense",
                 "glm5-nvfp4-rtxpro6000-2node-tp8",
                 "glm5-nvfp4-rtxpro6000-tp8",
+                "glm52-nvfp4-rtxpro6000-tp8",
                 "tiny-mla",
                 "tiny-mla-78l",
             ),
@@ -110,6 +111,7 @@ LINES: dict[str, Line] = {
             profiles=(
                 "glm5-nvfp4-b200-tp8-dsa",
                 "glm5-nvfp4-rtxpro6000-tp8-dsa",
+                "glm52-nvfp4-b200-tp8-dsa",
                 "tiny-mla-78l-sglang0.5.17",
             ),
             note="series also patches the fa3 MLA path (SGLang's SM90 default)",

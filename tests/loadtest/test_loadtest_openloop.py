@@ -135,6 +135,7 @@ def test_rate_sweep_plan_and_repeats() -> None:
     assert [(s.rate, s.streams, s.role) for s in given] == [(2.0, 8, ""), (4.0, 8, "")]
     (one,) = plan_run("concurrent", 4, 1.0, 3.0, rates=(5.0,), senders=32)
     assert one.rate == 5.0 and one.label == "5 req/s" and one.spawn_rate == 32
+    assert plan_run("concurrent", 4, 1.0, 3.0, rates=(5.0,), senders=500)[0].spawn_rate == 100
     (closed,) = plan_run("concurrent", 4, 1.0, 3.0)
     assert closed.rate is None and closed.label == "4 streams"
 

@@ -46,6 +46,7 @@ class Stage:
 
 
 RATE_PENDING = math.nan
+MAX_SPAWN_RATE = 100
 
 
 @dataclass(frozen=True)
@@ -154,9 +155,10 @@ def _plan_open(
     sweep_count: int,
 ) -> list[Stage]:
     measure = math.inf if measure_s == 0 else measure_s
-    # Senders wait for arrivals, so they all start at once: spreading them (ramp_rate) would
-    # only leave early arrivals without a sender.
-    spawn = float(max(senders, 1))
+    # Senders wait for arrivals, so they all start within a second or two: spreading them
+    # (ramp_rate) would only leave early arrivals without a sender. Past 100/s Locust warns
+    # that its spawning may misbehave.
+    spawn = float(min(max(senders, 1), MAX_SPAWN_RATE))
     if shape != "rate-sweep" or rates:
         return [Stage(senders, warmup_s, measure, spawn, rate=r) for r in rates]
     return [
