@@ -114,8 +114,17 @@ def test_queue_verdict_tells_a_wandering_queue_from_a_growing_one() -> None:
     assert growing["in_flight"]["growth_per_s"] == pytest.approx(9.0, rel=0.01)
     line = capacity_line("step 0 (12 req/s)", growing)
     assert "above capacity at 12 requests/s" in line and "queue grows" in line
-    missed = [*records(5, 10, lambda t: 3), ArrivalRecord(0, 5.0, None, 3)]
-    assert arrival_summary(missed, 0, 0, 10, 5.0)["queue_grows"]
+    # A few arrivals without a free sender: said, but no verdict on the server.
+    short = [*records(5, 10, lambda t: 3), ArrivalRecord(0, 5.0, None, 3)]
+    few = arrival_summary(short, 0, 0, 10, 5.0, senders=3)
+    assert not few["queue_grows"] and few["missed"] == 1
+    assert "1 of 51 arrivals found all 3 senders busy" in capacity_line("x", few)
+    # Every sender busy all window long: the count cannot climb, arrivals are turned away.
+    pinned = records(5, 10, lambda t: 8)
+    pinned += [ArrivalRecord(0, t + 0.1, None, 8) for t in range(10)]
+    assert arrival_summary(pinned, 0, 0, 10, 5.0, senders=8)["queue_grows"] is False
+    pinned += [ArrivalRecord(0, t + 0.3, None, 8) for t in range(10)]
+    assert arrival_summary(pinned, 0, 0, 10, 5.0, senders=8)["queue_grows"] is True
     assert capacity_line("x", stable) is None
 
 

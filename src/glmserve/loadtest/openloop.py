@@ -105,6 +105,9 @@ class OpenLoop:
 # (above capacity it climbs at rate - capacity, e.g. 0.75 x rate at four times capacity).
 GROWTH_SHARE_OF_RATE = 0.05
 NOISE_REQUESTS = 4.0
+# Once every sender is busy the count cannot climb any more, and arrivals are turned away
+# instead: more than this share of them missed is the same verdict.
+MISSED_SHARE_OVERLOADED = 0.25
 
 
 def growth_per_s(records: Sequence[ArrivalRecord]) -> float:
@@ -121,7 +124,12 @@ def growth_per_s(records: Sequence[ArrivalRecord]) -> float:
 
 
 def arrival_summary(
-    records: Sequence[ArrivalRecord], step: int, measure_start: float, end: float, rate: float
+    records: Sequence[ArrivalRecord],
+    step: int,
+    measure_start: float,
+    end: float,
+    rate: float,
+    senders: int | None = None,
 ) -> dict[str, Any]:
     """What a step's arrivals did in its measured window [measure_start, end]."""
     mine = [r for r in records if r.step == step and measure_start <= r.due_at <= end]
@@ -130,7 +138,7 @@ def arrival_summary(
     missed = len(mine) - len(sent)
     slope = growth_per_s(mine)
     mean_in_flight = sum(r.in_flight for r in mine) / len(mine) if mine else 0.0
-    grows = missed > 0 or (
+    grows = missed > MISSED_SHARE_OVERLOADED * len(mine) or (
         slope > GROWTH_SHARE_OF_RATE * rate
         and slope * window > NOISE_REQUESTS + 0.25 * mean_in_flight
     )
@@ -139,6 +147,7 @@ def arrival_summary(
     last = mine[-max(1, len(mine) // 10) :]
     return {
         "rate_rps": rate,
+        "senders": senders,
         "scheduled": len(mine),
         "sent": len(sent),
         "missed": missed,
@@ -163,18 +172,26 @@ def _mean(values: Any) -> float:
 
 
 def capacity_line(step_label: str, summary: dict[str, Any]) -> str | None:
-    """One line for a step whose queue grew (the server is above capacity), else None."""
-    if not summary.get("queue_grows"):
-        return None
-    f = summary["in_flight"]
-    missed = summary["missed"]
-    detail = (
-        f"requests in flight grew {f['first_tenth_mean']:.0f} -> {f['last_tenth_mean']:.0f}"
-        f" ({f['growth_per_s']:+.2f}/s)"
+    """One line for a step above the server's capacity (its queue grew), or whose arrivals
+    found every sender busy; None for a step that kept up."""
+    f, missed = summary["in_flight"], summary["missed"]
+    senders = summary.get("senders")
+    busy = (
+        f"{missed} of {summary['scheduled']} arrivals found all "
+        f"{senders if senders is not None else ''} senders busy".replace("  ", " ")
     )
+    if summary.get("queue_grows"):
+        detail = (
+            f"requests in flight grew {f['first_tenth_mean']:.0f} -> {f['last_tenth_mean']:.0f}"
+            f" ({f['growth_per_s']:+.2f}/s)" + (f", {busy}" if missed else "")
+        )
+        return (
+            f"{step_label}: above capacity at {summary['rate_rps']:.3g} requests/s: the queue "
+            f"grows ({detail}); latencies of this step keep rising with its length"
+        )
     if missed:
-        detail += f", {missed} of {summary['scheduled']} arrivals found no free sender (-u)"
-    return (
-        f"{step_label}: above capacity at {summary['rate_rps']:g} requests/s: the queue grows "
-        f"({detail}); latencies of this step keep rising with its length"
-    )
+        return (
+            f"{step_label}: {busy} (-u): they were not sent, the others kept their schedule; "
+            "raise -u, or the rate is near what the server sustains"
+        )
+    return None

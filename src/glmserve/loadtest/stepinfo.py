@@ -62,7 +62,7 @@ def step_extras(session: Session, step: StepResult, slo: SLO | None) -> dict[str
         and window.end is not None
     ):
         out["arrivals"] = arrival_summary(
-            ledger.records, step.step, window.measure_start, window.end, stage.rate
+            ledger.records, step.step, window.measure_start, window.end, stage.rate, stage.streams
         )
     cache = cache_summary(session, step)
     if cache is not None:
@@ -106,15 +106,17 @@ def cache_summary(session: Session, step: StepResult) -> dict[str, Any] | None:
 
 
 def capacity(step_dicts: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Which open-loop steps were above the server's capacity (their queue grew)."""
-    lines = []
+    """Which open-loop steps were above the server's capacity (their queue grew), and which
+    turned arrivals away for want of a free sender."""
+    lines, above = [], False
     for d in step_dicts:
         arrivals = d.get("arrivals")
         if arrivals:
+            above = above or bool(arrivals["queue_grows"])
             line = capacity_line(f"step {d['step']} ({d.get('label', '')})", arrivals)
             if line:
                 lines.append(line)
-    return {"above_capacity": bool(lines), "lines": lines}
+    return {"above_capacity": above, "lines": lines}
 
 
 def repeat_intervals(step_dicts: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -189,7 +191,7 @@ def write_goodput_csv(path: Path, step_dicts: Sequence[dict[str, Any]]) -> None:
 
 def goodput_table(step_dicts: Sequence[dict[str, Any]]) -> list[str]:
     """The goodput table as aligned text lines, for the screen."""
-    head = ["step", "load", "req/s in", "req/s done", "goodput/s", "good %", "tok/s",
+    head = ["step", "load", "req/s in", "missed", "req/s done", "goodput/s", "good %", "tok/s",
             "tok/s/user", "TTFT p90", "TPOT p90", "queue"]  # fmt: skip
     rows = [head]
     for r in goodput_rows(step_dicts):
@@ -198,6 +200,7 @@ def goodput_table(step_dicts: Sequence[dict[str, Any]]) -> list[str]:
                 str(r["step"]),
                 str(r["label"]),
                 _fmt(r["arrival_rps"]),
+                "" if r["missed"] is None else str(r["missed"]),
                 _fmt(r["requests_per_s"]),
                 _fmt(r["goodput_rps"]),
                 "" if r["goodput_share"] is None else f"{100 * r['goodput_share']:.0f}",
