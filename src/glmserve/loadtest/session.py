@@ -63,7 +63,7 @@ class Session:
         if tick.rate is None:
             log.info("step %d: %d streams, %s", tick.step, tick.users, tick.phase)
         else:
-            log.info("step %d: %g requests/s, %d senders, %s", tick.step, tick.rate, tick.users,
+            log.info("step %d: %.3g requests/s, %d senders, %s", tick.step, tick.rate, tick.users,
                      tick.phase)  # fmt: skip
         if self.open_loop is not None and tick.phase == "warmup":
             # A step's arrivals start with its warm-up and end where the next step begins.
