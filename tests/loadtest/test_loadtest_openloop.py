@@ -218,3 +218,17 @@ def test_fcfs_waits_replay_a_sample_path() -> None:
     # Two slots, 1 s service: the third arrival waits for the first slot to free at 1.0.
     assert fcfs_waits([0.0, 0.1, 0.2, 1.5], 1.0, 2) == pytest.approx([0.0, 0.0, 0.8, 0.0])
     assert math.isclose(sum(fcfs_waits([0.0] * 3, 1.0, 1)), 3.0)
+
+
+@pytest.mark.parametrize("warmup_s", [0.0, 2.0])
+def test_a_steps_arrivals_start_with_its_first_tick_and_end_with_the_next_step(warmup_s) -> None:
+    """With or without a warm-up; a closed-loop step after an open one has no arrivals."""
+    from glmserve.loadtest.stages import tick_at
+
+    s = Session(LoadTestOptions(rates=(4.0,)))
+    s.open_loop = OpenLoop("constant", seed=1)
+    stages = [Stage(8, warmup_s, 3.0, 8, rate=4.0), Stage(2, warmup_s, 3.0, 2)]
+    s.on_phase(tick_at(stages, 0.0), 0.0, environment=type("E", (), {"runner": None})())
+    assert s.open_loop.dispatcher is not None and s.open_loop.step == 0
+    s.on_phase(tick_at(stages, warmup_s + 3.0), 5.0, environment=type("E", (), {"runner": None})())
+    assert s.open_loop.dispatcher is None

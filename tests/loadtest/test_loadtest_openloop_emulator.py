@@ -180,3 +180,16 @@ def test_multi_turn_reports_the_servers_cached_tokens_per_turn_and_repeats(tmp_p
     assert lo <= min(values) <= max(values) <= hi
     rows = timed_requests(tmp_path / "rep")
     assert {r["turn"] for r in rows} == {"1", "2", "3"}
+
+
+def test_open_loop_in_several_processes_is_refused_in_one_line(tmp_path: Path) -> None:
+    with emulator_process(["--tpot-ms", "5", "--ttft-ms", "5"]) as emu:
+        run = run_locust(emu.url, tmp_path / "rep", "--rate", "5", "--processes", "2",
+                         "--measure-s", "2")  # fmt: skip
+    assert run.returncode == 2
+    refusals = [line for line in run.output.splitlines() if "locust decode suite" in line]
+    assert refusals == [
+        "locust decode suite: open loop (--rate, --shape rate-sweep) runs in one Locust process:"
+        " drop --processes/--master/--worker (one process sends thousands of requests/s)"
+    ]
+    assert not (tmp_path / "rep").exists()

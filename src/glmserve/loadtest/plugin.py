@@ -50,7 +50,9 @@ def _on_init(environment: Environment, **_: Any) -> None:
         options = LoadTestOptions.from_namespace(ns)
         prompts = load_prompt_file(options.prompt_file) if options.prompt_file else None
         workload = Workload.from_options(options, prompts)  # a bad dataset: one line, now
-        if options.open_loop and isinstance(environment.runner, (MasterRunner, WorkerRunner)):
+        if options.open_loop and isinstance(environment.runner, WorkerRunner):
+            sys.exit(2)  # the master refuses, in one line for the whole run
+        if options.open_loop and isinstance(environment.runner, MasterRunner):
             raise OptionsError(
                 "open loop (--rate, --shape rate-sweep) runs in one Locust process: drop "
                 "--processes/--master/--worker (one process sends thousands of requests/s)"

@@ -65,8 +65,10 @@ class Session:
         else:
             log.info("step %d: %.3g requests/s, %d senders, %s", tick.step, tick.rate, tick.users,
                      tick.phase)  # fmt: skip
-        if self.open_loop is not None and tick.phase == "warmup":
-            # A step's arrivals start with its warm-up and end where the next step begins.
+        current = self.collector.windows[-1].step if self.collector.windows else None
+        if self.open_loop is not None and tick.step != current:
+            # A step's arrivals start with its first tick (its warm-up, or its measurement when
+            # --warmup-s is 0) and end where the next step begins.
             if tick.rate is None:
                 self.open_loop.end()
             else:
