@@ -109,7 +109,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG GLMSERVE_VERSION=0.1.0
 # Each line is its own source series (patches/<line>/), so the line names the series too.
 ARG SGLANG_LINE
-ARG PATCH_LOCK_SHA256=11c435560577fe80069ba51cc314f237a0d3b2ee75a176ebdfc94b841ae17dc9
+ARG PATCH_LOCK_SHA256=9de0b0e2f9e2513dcb538f3b222a7d55a2faca9230cd0752016e4c06de9494fb
 # The preflight also imports the new gather module (torch + Triton, present in the real base).
 # CI's torch-less stand-in base passes --no-import; the static checks still run there.
 ARG PREFLIGHT_ARGS=""

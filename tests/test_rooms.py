@@ -1,6 +1,6 @@
-"""The patch code's three rooms keep their walls: the series tool runs at image build time with
-the stdlib alone (no torch, nothing from the rooms built on it), and the self-test, which runs
-on the GPU, takes nothing from the preflight."""
+"""The patch code's rooms keep their walls: the series tool runs at image build time with the
+stdlib alone (no torch, nothing from the rooms built on it), the self-test, which runs on the
+GPU, takes nothing from the preflight, and each kernel has one definition, self-contained."""
 
 from __future__ import annotations
 
@@ -55,39 +55,78 @@ def test_selftest_takes_nothing_from_the_preflight() -> None:
     assert offenders("selftest", allowed) == []
 
 
-@pytest.mark.parametrize("room", ["series", "preflight", "selftest"])
+@pytest.mark.parametrize("room", ["series", "preflight", "selftest", "kernels"])
 def test_each_room_says_what_it_is(room: str) -> None:
     doc = ast.get_docstring(ast.parse((SRC / "glmserve" / room / "__init__.py").read_text()))
     assert doc and len(doc.splitlines()) <= 12, f"glmserve.{room} needs a short docstring"
 
 
-@pytest.mark.parametrize(
-    ("old", "usage"),
-    [
-        ("glmserve.patching", "usage: glmserve-patch "),  # the CLI of python -m glmserve.series
-        ("glmserve.patching.verify", "usage: python -m glmserve.preflight "),
-        ("glmserve.patching.selftest", "usage: python -m glmserve.selftest "),
-        ("glmserve.patching.regen", "usage: python -m glmserve.series.regen "),
-        ("glmserve.patching.workspace", "usage: python -m glmserve.series.workspace "),
-    ],
-)
-def test_old_entry_points_still_run(old: str, usage: str) -> None:
-    """Scripts and habits that still say `python -m glmserve.patching.X` get the new room's CLI."""
+def test_kernels_are_self_contained() -> None:
+    """The kernels are copied into SGLang as they are (glmserve.series.kernels): they may import
+    torch, Triton and the standard library, nothing of glmserve or SGLang."""
+
+    def allowed(name: str) -> bool:
+        top = name.split(".")[0]
+        return top in ("torch", "triton", "__future__") or top in sys.stdlib_module_names
+
+    assert offenders("kernels", allowed) == []
+
+
+def _tracked_files() -> list[Path]:
+    repo = SRC.parent
     proc = subprocess.run(
-        [sys.executable, "-m", old, "--help"], capture_output=True, text=True, timeout=60
+        ["git", "ls-files", "-z"], cwd=repo, capture_output=True, timeout=60, check=False
     )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith(usage), proc.stdout
-
-
-def test_no_product_module_needs_the_test_instruments() -> None:
-    """glmserve.testing is left out of the wheel (pyproject.toml), so nothing shipped imports it."""
-    pyproject = (SRC.parent / "pyproject.toml").read_text()
-    assert 'exclude = ["glmserve.testing", "glmserve.testing.*"]' in pyproject
-    shipped = [p.name for p in (SRC / "glmserve").iterdir() if p.is_dir() and p.name != "testing"]
-    found = [
-        line
-        for room in shipped
-        for line in offenders(room, lambda name: not name.startswith("glmserve.testing"))
+    if proc.returncode == 0:
+        return [repo / name for name in proc.stdout.decode().split("\0") if name]
+    skip = {".git", ".venv", ".cache", "node_modules"}
+    return [
+        p
+        for p in repo.rglob("*")
+        if p.is_file() and not skip.intersection(p.relative_to(repo).parts)
     ]
-    assert found == []
+
+
+def _kernel_functions(module: ast.Module) -> set[str]:
+    """The Triton kernels of a module (@triton.jit) and the functions that launch them."""
+    functions = [node for node in module.body if isinstance(node, ast.FunctionDef)]
+    jit = {
+        f.name
+        for f in functions
+        for d in f.decorator_list
+        if "triton.jit" in ast.unparse(d.func if isinstance(d, ast.Call) else d)
+    }
+    launchers = {
+        f.name
+        for f in functions
+        if any(isinstance(n, ast.Name) and n.id in jit for n in ast.walk(f))
+    }
+    return jit | launchers
+
+
+def test_each_kernel_is_defined_once_in_the_repository() -> None:
+    """Every function of a kernel source is defined in that file alone: no second copy in the
+    tree, and inside the diffs only in the generated sections (tests/series/test_kernels.py
+    proves those equal the source, byte for byte)."""
+    from glmserve.series.kernels import KERNEL_FILES, KERNELS_DIR, _section_path, _sections
+
+    names: set[str] = set()
+    for name in KERNEL_FILES.values():
+        names |= _kernel_functions(ast.parse((KERNELS_DIR / name).read_text(encoding="utf-8")))
+    assert {"mla_decode_fp8", "gather_cast", "gather_cast_pages"} <= names
+    found: dict[str, list[str]] = {name: [] for name in names}
+    for path in _tracked_files():
+        if path.suffix not in (".py", ".patch") or not path.is_file():
+            continue
+        data = path.read_bytes()
+        if path.suffix == ".patch":
+            # Only sections that are not a generated kernel copy count as definitions.
+            data = b"".join(s for s in _sections(data)[1] if _section_path(s) not in KERNEL_FILES)
+        text = data.decode("utf-8", "replace")
+        for name in names:
+            if f"def {name}(" in text:
+                found[name].append(str(path.relative_to(SRC.parent)))
+    expected = {name: 1 for name in names}
+    counts = {name: len(paths) for name, paths in found.items()}
+    assert counts == expected, {n: p for n, p in found.items() if len(p) != 1}
+    assert all(paths[0].startswith("src/glmserve/kernels/") for paths in found.values()), found

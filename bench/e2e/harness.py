@@ -178,9 +178,13 @@ def concurrent_requests(
         t.join()
     window = time.perf_counter() - t0
     done = [t for t in timings if t is not None]
+    together = streaming.Aggregate(list(done))
     return {
         "tpot_median": an.median(t.tpot_s for t in done),
         "tpot_mean": (sum(t.tpot_s or 0 for t in done) / len(done)) if done else None,
+        # Where TPOT comes from under MTP (glmserve.streaming's definitions; None without).
+        "tokens_per_step": together.tokens_per_step(),
+        "accept_length": together.accept_length(),
         "tok_s": sum(t.output_tokens for t in done) / window if window > 0 else None,
         "window_s": window,
         "streams_ok": len(done),

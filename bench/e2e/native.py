@@ -123,9 +123,21 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def stream_tpot(url: str, ids: list[int], max_tokens: int) -> float | None:
+def stream_timing(url: str, ids: list[int], max_tokens: int) -> streaming.StreamTiming:
     req = streaming.StreamRequest(route="generate", input_ids=tuple(ids), max_tokens=max_tokens)
-    return streaming.time_stream(url, req, timeout_s=300.0).tpot_s
+    return streaming.time_stream(url, req, timeout_s=300.0)
+
+
+def stream_tpot(url: str, ids: list[int], max_tokens: int) -> float | None:
+    return stream_timing(url, ids, max_tokens).tpot_s
+
+
+def record_single(t: dict[str, Any], key: str, timing: streaming.StreamTiming) -> None:
+    """One single-stream sample: its TPOT under `key`, and beside it where the TPOT comes
+    from under MTP (tokens per decode step; SGLang's acceptance length, None without MTP)."""
+    t.setdefault(key, []).append(timing.tpot_s)
+    t.setdefault(f"{key}_tokens_per_step", []).append(timing.tokens_per_step)
+    t.setdefault(f"{key}_accept_length", []).append(timing.accept_length)
 
 
 def concurrent_tpot(url: str, prompts: list[list[int]], max_tokens: int) -> dict[str, Any]:
@@ -299,9 +311,9 @@ class Run:
             for name in timed:  # round robin: every path sampled in every round
                 url, t = self.servers[name].url, self.doc["timing"][name]
                 try:
-                    t.setdefault("single_128", []).append(stream_tpot(url, short, a.tokens))
+                    record_single(t, "single_128", stream_timing(url, short, a.tokens))
                     if rep < a.long_reps:
-                        t.setdefault("single_6000", []).append(stream_tpot(url, long, a.tokens))
+                        record_single(t, "single_6000", stream_timing(url, long, a.tokens))
                     if rep < a.conc_reps:
                         t.setdefault("conc_16", []).append(
                             concurrent_tpot(url, prompts["concurrent"], a.tokens)
@@ -334,6 +346,7 @@ class Run:
                 "loaded_64_tok_s": (
                     statistics.median([c["tok_s"] for c in loaded]) if loaded else None
                 ),
+                **mtp_summary(t, conc, loaded),
             }
         bars = []
         for key, label, limit in (
@@ -393,6 +406,29 @@ def _ms(values: list[float | None] | None) -> float | None:
     return statistics.median(vals) * 1e3 if vals else None
 
 
+MTP_WORKLOADS = ("single_128", "single_6000", "conc_16", "loaded_64")
+
+
+def mtp_summary(
+    t: dict[str, Any], conc: list[dict[str, Any]], loaded: list[dict[str, Any]]
+) -> dict[str, float | None]:
+    """Per workload, medians of tokens per decode step and of SGLang's acceptance length
+    (glmserve.streaming): 1 and None without MTP."""
+
+    def med(values: list[Any]) -> float | None:
+        present = [v for v in values if v is not None]
+        return statistics.median(present) if present else None
+
+    out: dict[str, float | None] = {}
+    for name in ("single_128", "single_6000"):
+        for fig in ("tokens_per_step", "accept_length"):
+            out[f"{name}_{fig}"] = med(t.get(f"{name}_{fig}", []))
+    for name, rounds in (("conc_16", conc), ("loaded_64", loaded)):
+        for fig in ("tokens_per_step", "accept_length"):
+            out[f"{name}_{fig}"] = med([c.get(fig) for c in rounds])
+    return out
+
+
 def markdown(doc: dict[str, Any]) -> str:
     lines = [
         f"# Native FP8 decode end to end — {doc['date']} ({doc['mode']})",
@@ -420,6 +456,25 @@ def markdown(doc: dict[str, Any]) -> str:
             + " | ".join(cell(v, ".3f") for v in ms2)
             + f" | {cell(s.get('loaded_64_tok_s'), '.0f')} |"
         )  # fmt: skip
+    lines += [
+        "",
+        "Where the TPOT comes from (MTP): tokens per decode step as the client saw them / "
+        "SGLang's acceptance length (meta_info.spec_verify_ct; — without speculative decoding).",
+        "",
+        "| path | " + " | ".join(MTP_WORKLOADS) + " |",
+        "|---|" + "---|" * len(MTP_WORKLOADS),
+    ]
+    for name, s in (doc.get("summary") or {}).items():
+
+        def pair(w: str, s: dict[str, Any] = s) -> str:
+            steps, accept = s.get(f"{w}_tokens_per_step"), s.get(f"{w}_accept_length")
+            return (
+                ("—" if steps is None else f"{steps:.2f}")
+                + " / "
+                + ("—" if accept is None else f"{accept:.2f}")
+            )
+
+        lines.append(f"| {name} | " + " | ".join(pair(w) for w in MTP_WORKLOADS) + " |")
     lines += ["", "| bar | ratio | pass |", "|---|---|---|"]
     for b in doc.get("bars", []):
         lines.append(f"| {b['bar']} | {b['value']:.3f} | {'PASS' if b['pass'] else 'MISS'} |")

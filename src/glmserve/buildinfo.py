@@ -22,6 +22,9 @@ ENV_VAR = "GLMSERVE_BUILD_INFO"
 # runs; fp8_attention_timing: the self-test's timing of both paths as compact JSON ("" if none).
 # patch_in_use: "yes" when decode runs a backend the line's series patches (flashinfer; fa3 too
 # from SGLang 0.5.17), "no" when it does not (DSA), "" where unknown (an emulator, an old file).
+# speculative_algorithm / speculative_num_draft_tokens: what the deployment asked of speculative
+# decoding (MTP: "EAGLE" and the tokens one verify pass scores per request; "" = none asked), so
+# the dashboard and the alerts know a profile wanted MTP even while the server says nothing.
 FIELDS = (
     "sglang_version",
     "patch_series",
@@ -33,6 +36,8 @@ FIELDS = (
     "fp8_attention_timing",
     "attention_backend",
     "patch_in_use",
+    "speculative_algorithm",
+    "speculative_num_draft_tokens",
     "source",
 )
 

@@ -48,6 +48,11 @@ SERVER_ARGS_READ = (
     "page_size",
     "chunked_prefill_size",
     "disable_cuda_graph",
+    # Speculative decoding (MTP): algorithm None when off; num_draft_tokens = steps + 1 with topk 1.
+    "speculative_algorithm",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
 )
 
 
@@ -76,7 +81,37 @@ def info_kv_pool_tokens(info: dict[str, Any]) -> Any:
     return pool
 
 
+def info_speculative_algorithm(info: dict[str, Any]) -> Any:
+    """The speculative algorithm the server runs (None or "" when it runs none)."""
+    return info.get("speculative_algorithm")
+
+
 # --- Prometheus metrics (`sglang:` prefix) ---------------------------------------------------
+# Speculative decoding, scheduler gauges refreshed with the decode log (every 40 decode steps):
+# accept length = tokens a request gains per verify pass (accepted drafts + the bonus token,
+# 1..num_draft_tokens); accept rate = accepted drafts / proposed drafts (0..1). Both read 0 on a
+# server without speculative decoding.
+SPEC_ACCEPT_LENGTH = "sglang:spec_accept_length"
+SPEC_ACCEPT_RATE = "sglang:spec_accept_rate"
+
+
+def spec_gauges(metrics_text: str) -> dict[str, float]:
+    """The acceptance gauges in a /metrics answer, each the mean over its series (one per
+    scheduler that reports; every TP rank repeats the same value with
+    --enable-metrics-for-all-schedulers); absent ones are left out. Only those two gauges'
+    lines are parsed, with prometheus_client's parser (the exporter and loadtest extras)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = (SPEC_ACCEPT_LENGTH, SPEC_ACCEPT_RATE)
+    lines = [line for line in metrics_text.splitlines() if line.startswith(wanted)]
+    values: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families("\n".join(lines) + "\n"):
+        for sample in family.samples:
+            if sample.name in wanted:
+                values.setdefault(sample.name, []).append(sample.value)
+    return {name: sum(v) / len(v) for name, v in values.items() if v}
+
+
 # Scheduler metrics carry these labels (only the stats-logging rank, tp_rank 0, reports them);
 # tokenizer metrics the shorter set.
 SCHEDULER_LABELS = ("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank")

@@ -17,6 +17,17 @@ report are the same quantity. Definitions (see docs/metrics.md for how other too
 - per-user tok/s of a window: the mean of 1 / TPOT over its requests; output tok/s of a
   window: its requests' N_out summed over the window's length (Aggregate).
 - goodput: requests per second that met every SLO set (Aggregate.goodput).
+- tokens per step: output tokens after the first token-carrying event / token-carrying events
+  after it: what one decode step delivered to the client. 1 without speculative decoding (at
+  SGLang's default --stream-interval 1); with MTP, the accepted drafts + 1 of each verify pass,
+  so about the acceptance length. Over many requests: sum of those tokens / sum of those events.
+- acceptance length: SGLang's own per-request figure, completion tokens / verify passes
+  (meta_info.spec_verify_ct, sent by /generate at the end of a request under speculative
+  decoding; the OpenAI routes carry no such field). Over many requests: sum / sum. The server's
+  gauge sglang:spec_accept_length is the same ratio over its last decode-log interval (without
+  the prefill's token, so about (N_out - 1) / verify passes).
+  TPOT alone hides where the speed comes from: at a fixed verify-pass time, TPOT falls as
+  1 / acceptance length.
 
 Token counts per event come from cumulative counters when the server sends them
 (`stream_options.continuous_usage_stats` for the OpenAI routes, `meta_info.completion_tokens`
@@ -141,6 +152,11 @@ class StreamTiming:
     text: str = ""
     output_ids: tuple[int, ...] = ()
     cached_tokens: int | None = None
+    # Tokens the first token-carrying event brought (the prefill's token, usually 1), and
+    # SGLang's verify passes for this request (/generate meta_info.spec_verify_ct; None where
+    # the server sent none: no speculative decoding, or an OpenAI route).
+    first_event_tokens: int = 1
+    spec_verify_ct: int | None = None
 
     def tail_tpot_s(self, fraction: float = 0.5) -> float | None:
         """TPOT of the stream's last `fraction` of output tokens: the mean inter-token latency
@@ -154,6 +170,28 @@ class StreamTiming:
     @property
     def decode_tokens_per_s(self) -> float | None:
         return None if not self.tpot_s else 1.0 / self.tpot_s
+
+    @property
+    def decode_steps(self) -> int:
+        """Token-carrying events after the first: the decode steps the client saw."""
+        return max(self.token_events - 1, 0)
+
+    @property
+    def decode_tokens(self) -> int:
+        """Output tokens after the first token-carrying event."""
+        return self.output_tokens - self.first_event_tokens
+
+    @property
+    def tokens_per_step(self) -> float | None:
+        """Tokens one decode step delivered to the client (module docstring); None with no
+        decode step."""
+        return self.decode_tokens / self.decode_steps if self.decode_steps else None
+
+    @property
+    def accept_length(self) -> float | None:
+        """SGLang's acceptance length of this request, output tokens / verify passes; None
+        where the server sent no verify count."""
+        return self.output_tokens / self.spec_verify_ct if self.spec_verify_ct else None
 
     @property
     def output_tokens_per_s(self) -> float:
@@ -220,6 +258,7 @@ class StreamTimer:
         self._deltas: list[str] = []  # OpenAI routes: the text pieces, joined once at the end
         self._output_ids: tuple[int, ...] = ()
         self._cached_tokens: int | None = None
+        self._spec_verify_ct: int | None = None
         self.done = False  # saw [DONE]
 
     def feed(self, chunk: bytes, now: float | None = None) -> None:
@@ -261,6 +300,9 @@ class StreamTimer:
         if isinstance(meta, dict):
             self._prompt_tokens = meta.get("prompt_tokens", self._prompt_tokens)
             self._cached_tokens = meta.get("cached_tokens", self._cached_tokens)
+            verify = meta.get("spec_verify_ct")
+            if isinstance(verify, int) and not isinstance(verify, bool) and verify > 0:
+                self._spec_verify_ct = verify  # sent once, with the finished request
             # /generate repeats the whole text and id list so far (SGLang's default,
             # non-incremental streaming; intermediate events may carry text null).
             if self.keep_content:
@@ -311,6 +353,8 @@ class StreamTimer:
             text=self._text or "".join(self._deltas),
             output_ids=self._output_ids,
             cached_tokens=self._cached_tokens,
+            first_event_tokens=counts[0],
+            spec_verify_ct=self._spec_verify_ct,
         )
 
 
@@ -388,6 +432,19 @@ class Aggregate:
 
     def fail(self, reason: str) -> None:
         self.failures[reason] = self.failures.get(reason, 0) + 1
+
+    def tokens_per_step(self) -> float | None:
+        """Tokens per decode step over the window's requests: sum of their decode tokens /
+        sum of their decode steps (a long request weighs by its steps); None without any."""
+        steps = sum(t.decode_steps for t in self.timings)
+        return sum(t.decode_tokens for t in self.timings) / steps if steps else None
+
+    def accept_length(self) -> float | None:
+        """SGLang's acceptance length over the requests that carried a verify count: sum of
+        their output tokens / sum of their verify passes; None without any."""
+        counted = [t for t in self.timings if t.spec_verify_ct]
+        passes = sum(t.spec_verify_ct or 0 for t in counted)
+        return sum(t.output_tokens for t in counted) / passes if passes else None
 
     def output_tokens_per_s(self, window_s: float) -> float:
         """Throughput over a wall-clock window: total output tokens / window."""

@@ -74,7 +74,29 @@ def test_info_series_describes_the_emulator(stack: LiveStack):
     assert labels["kv_cache_dtype"] == "fp8_e4m3"
     assert labels["build_source"] == "emulator"
     assert labels["patch_series"] == "emulated" and labels["fp8_gather"] == "on"
-    assert labels["summary"] == "FP8 KV, patched, pool 495k"
+    assert labels["summary"] == "FP8 KV, patched, MTP 4-token verify, pool 495k"
+    assert labels["speculative_algorithm"] == "EAGLE"
+
+
+def test_mtp_series_follow_the_emulated_acceptance(stack: LiveStack):
+    """The emulator accepts 2.5 tokens per verify pass of 4 (steps of 2 and 3): the exporter's
+    re-export, the recording rules and the canary's tokens per step all land there."""
+    wait_all_series(stack.prometheus)
+    (length,) = stack.prometheus.query("glmserve:spec_accept_length:mean5m")
+    (rate,) = stack.prometheus.query("glmserve:spec_accept_rate:mean5m")
+    (canary,) = stack.prometheus.query("glmserve_canary_tokens_per_step")
+    assert 2.0 <= float(length["value"][1]) <= 3.0
+    assert 1 / 3 <= float(rate["value"][1]) <= 2 / 3
+    assert 2.0 <= float(canary["value"][1]) <= 3.0
+    alerts = httpx_rules(stack)
+    assert alerts["GlmserveMTPAcceptanceCollapsed"]["state"] == "inactive"
+
+
+def httpx_rules(stack: LiveStack) -> dict[str, dict]:
+    import httpx
+
+    groups = httpx.get(stack.prometheus.url + "/api/v1/rules", timeout=10).json()["data"]
+    return {r["name"]: r for g in groups["groups"] for r in g["rules"] if r["type"] == "alerting"}
 
 
 def test_preview_command_draws_the_live_panels(stack: LiveStack, tmp_path: Path):

@@ -32,7 +32,14 @@ def test_native_e2e_dry_run_on_emulators(tmp_path):
         keys = ("single_128_ms", "single_6000_ms", "conc_16_ms", "conc_16_tok_s",
                 "loaded_64_ms", "loaded_64_steady_ms", "loaded_64_tok_s")  # fmt: skip
         assert all(s[k] for k in keys), (path, s)
+        # Beside TPOT, where it comes from: one token per decode step and no acceptance
+        # length on these servers (no speculative decoding).
+        for workload in ("single_128", "single_6000", "conc_16", "loaded_64"):
+            assert s[f"{workload}_tokens_per_step"] == 1.0, (path, workload)
+            assert s[f"{workload}_accept_length"] is None, (path, workload)
     # TPOT at 1 stream (two prompts), 16 streams and 64 streams steady; tok/s at 16 and 64.
     assert len(doc["bars"]) == 6
     assert any("0.9x BF16 KV, 64 streams" in b["bar"] for b in doc["bars"])
-    assert "| native |" in (tmp_path / "native-e2e.md").read_text()
+    text = (tmp_path / "native-e2e.md").read_text()
+    assert "| native |" in text
+    assert "Where the TPOT comes from (MTP)" in text and "| native | 1.00 / — |" in text

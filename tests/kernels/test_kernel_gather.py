@@ -7,6 +7,7 @@ on the referenced rows.
 
 from __future__ import annotations
 
+import importlib
 import os
 
 # Must be set before Triton is imported anywhere in this process: it selects the interpreter.
@@ -21,24 +22,20 @@ pytest.importorskip("triton")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from glmserve.selftest.runner import load_kernel_module  # noqa: E402
-
 REPO = Path(__file__).resolve().parents[2]
 VERSION = "0.5.12.post1"
 BACKEND = "sglang/srt/layers/attention/flashinfer_mla_backend.py"
-from support.series_lines import source_lines  # noqa: E402
 
 KERNEL = "sglang/srt/layers/attention/fp8_kv_gather.py"
 D = 576
 
 
-@pytest.fixture(scope="module", params=source_lines())
-def kernel(request, patched_tree):
-    """fp8_kv_gather from each line's real tree (0.5.12.post1, 0.5.17, 0.5.23) patched by the
-    real apply tool."""
+@pytest.fixture(scope="module")
+def kernel():
+    """fp8_kv_gather from its one source (every line's diff adds a generated copy of it)."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton was imported before TRITON_INTERPRET=1 could be set")
-    return load_kernel_module(patched_tree(request.param) / KERNEL)
+    return importlib.import_module("glmserve.kernels.fp8_kv_gather")
 
 
 def fp8_pool(rows: int, seed: int) -> torch.Tensor:

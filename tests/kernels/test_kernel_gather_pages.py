@@ -1,5 +1,5 @@
 """The paged gather (FlashAttention's absorbed-MLA path, SGLang 0.5.17+) run on the CPU by Triton's
-interpreter, from each newer line's real tree patched by the real apply tool.
+interpreter, from its one source (the 0.5.17 and 0.5.23 diffs add generated copies of it).
 
 `cast_pages` must leave every row FlashAttention can read through the page table equal to the
 upstream cast, bit for bit: every row of every page `page_table[b, :ceil(len_b / page_size)]`
@@ -8,6 +8,7 @@ names (whole pages, so a page's tail equals the upstream cast too), and write no
 
 from __future__ import annotations
 
+import importlib
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -21,8 +22,6 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from support.series_lines import source_lines  # noqa: E402
 
-from glmserve.selftest.runner import load_kernel_module  # noqa: E402
-
 KERNEL = "sglang/srt/layers/attention/fp8_kv_gather.py"
 D = 576
 POISON = -777.0
@@ -30,11 +29,12 @@ POISON = -777.0
 PAGED_LINES = [v for v in source_lines() if v not in ("0.5.12.post1",)]
 
 
-@pytest.fixture(scope="module", params=PAGED_LINES)
-def kernel(request, patched_tree):
+@pytest.fixture(scope="module")
+def kernel():
+    """fp8_kv_gather from its one source (every line's diff adds a generated copy of it)."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton was imported before TRITON_INTERPRET=1 could be set")
-    return load_kernel_module(patched_tree(request.param) / KERNEL)
+    return importlib.import_module("glmserve.kernels.fp8_kv_gather")
 
 
 def fp8_pool(rows: int, seed: int) -> torch.Tensor:
@@ -154,19 +154,12 @@ def test_bad_inputs_are_refused_with_one_clear_error(kernel, change, message):
         )
 
 
-@pytest.mark.parametrize("line", PAGED_LINES)
-def test_the_wrappers_plan_a_backend_that_reads_the_gathered_indices(
-    line, patched_tree, monkeypatch
-):
+def test_the_wrappers_plan_a_backend_that_reads_the_gathered_indices(kernel, monkeypatch):
     """From 0.5.23 (FlashInfer 0.7) the patched wrappers name their backend: fa3 on SM90, fa2
-    elsewhere, only names the rules accept as reading `_kv_indices_buf`. 0.5.17 pins FlashInfer
-    0.6.15.post1, whose run() always reads the wrapper's indices: it keeps "auto"."""
+    elsewhere, only names the rules accept as reading `_kv_indices_buf`. (0.5.17's backend
+    keeps "auto": FlashInfer 0.6.15.post1's run() always reads the wrapper's indices.)"""
     from glmserve.preflight.rules import GATHER_WRAPPER_BACKENDS
 
-    kernel = load_kernel_module(patched_tree(line) / KERNEL)
-    if line == "0.5.17":
-        assert not hasattr(kernel, "indexed_wrapper_backend")
-        return
     assert set(kernel.WRAPPER_BACKENDS) == GATHER_WRAPPER_BACKENDS
     assert kernel.indexed_wrapper_backend(torch.device("cpu")) == "fa2"
     for capability, want in (((9, 0), "fa3"), ((10, 0), "fa2"), ((12, 0), "fa2")):

@@ -1,12 +1,13 @@
 """The SHIPPED native FP8 decode kernel, run on the CPU by Triton's interpreter, against fp64.
 
-The module is loaded from each line's real SGLang tree that the committed series was applied
-to (never from a second copy). On the GPU the same source is checked against FlashInfer
+The module is imported from its one source, src/glmserve/kernels/ (each line's diff adds a
+generated copy of it, checked byte for byte by tests/series/test_kernels.py). On the GPU the same source is checked against FlashInfer
 (bench/fp8_decode.py); here it is checked against the definition of attention.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 
 # Must be set before Triton is imported anywhere in this process: it selects the interpreter.
@@ -21,11 +22,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from support.series_lines import source_lines  # noqa: E402
 
 from glmserve.selftest.nativecheck import fp64_decode_attention  # noqa: E402
-from glmserve.selftest.runner import load_kernel_module  # noqa: E402
-from glmserve.series.lock import load_lock  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 NATIVE = "sglang/srt/layers/attention/fp8_mla_decode.py"
@@ -44,31 +42,15 @@ BF16_ROUNDING = 2.0**-7
 REL_TOL = 5e-3  # for the targeted tests on well-spread (normal) pools
 
 
-def distinct_native_lines() -> list[str]:
-    """One line per distinct fp8_mla_decode.py the series ship (the lock's after-hashes): the
-    suite below runs on each; test_every_line_ships_a_tested_native_kernel reads the files."""
-    lock, _ = load_lock(REPO / "patches")
-    first: dict[str, str] = {}
-    for line in source_lines():
-        first.setdefault(lock["series"][line]["files"][NATIVE]["after"], line)
-    return sorted(first.values())
-
-
-@pytest.fixture(scope="module", params=distinct_native_lines())
-def native(request, patched_tree, require):
-    """fp8_mla_decode from a real tree of that line patched by the real apply tool."""
+@pytest.fixture(scope="module")
+def native(require):
+    """fp8_mla_decode from its one source (every line's diff carries a generated copy of it:
+    tests/series/test_kernels.py)."""
     require(
         os.environ.get("TRITON_INTERPRET") == "1",
         "Triton was imported before TRITON_INTERPRET=1 could be set",
     )
-    return load_kernel_module(patched_tree(request.param) / NATIVE)
-
-
-def test_every_line_ships_a_tested_native_kernel(patched_tree):
-    """Each line's patched tree holds, byte for byte, a kernel file the suite here runs on."""
-    tested = {(patched_tree(v) / NATIVE).read_bytes() for v in distinct_native_lines()}
-    for line in source_lines():
-        assert (patched_tree(line) / NATIVE).read_bytes() in tested, line
+    return importlib.import_module("glmserve.kernels.fp8_mla_decode")
 
 
 def fp8_pool(rows: int, kind: str, gen: torch.Generator) -> torch.Tensor:

@@ -451,6 +451,8 @@ def test_start_runs_selftest_writes_build_info_then_execs(launch, base_env):
         "fp8_attention_timing": "",
         "attention_backend": "flashinfer",
         "patch_in_use": "yes",
+        "speculative_algorithm": "",
+        "speculative_num_draft_tokens": "",
         "source": "launcher",
     }
 

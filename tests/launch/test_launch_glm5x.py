@@ -75,7 +75,7 @@ def test_glm52_profile_refuses_a_glm5_checkpoint_and_names_the_one_to_use(launch
 def test_glm5_dsa_profile_of_the_old_line_refuses_glm52(launch) -> None:
     """0.5.12.post1's DSA does not read index_skip_topk_offset: GLM-5.2 there would share top-k
     over the wrong layers, so its GLM-5 DSA profiles refuse the checkpoint."""
-    for profile in ("glm5-nvfp4-b200-tp8", "glm5-nvfp4-b200-tp4"):
+    for profile in ("glm5-nvfp4-b200-tp8", "glm5-nvfp4-b200-tp4", "glm5-nvfp4-b200-tp8-mtp"):
         argv = ["--dry-run", "--profile", profile, "--model-path", str(GLM52_FIXTURE)]
         line = one_line_refusal(launch(argv, gpus=gpus_like(B200, 8)))
         assert "index_skip_topk_offset=3" in line and "glm52-nvfp4-b200-tp8-dsa" in line

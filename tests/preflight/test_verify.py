@@ -151,7 +151,7 @@ def test_cli_rules_only(patched, tmp_path, capsys):
     backend = patched / BACKEND_REL
     assert main(["--rules-only", str(backend)]) == 0
     assert (
-        "passes the backend rules (run sites 2, plan sites 3, native decode sites 1)"
+        "passes the backend rules (run sites 2, plan sites 3, native kernel sites 2)"
         in capsys.readouterr().out
     )
     broken = tmp_path / "flashinfer_mla_backend.py"

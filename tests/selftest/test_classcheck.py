@@ -73,7 +73,13 @@ def checks(site: Path, backend_file: Path, runtime_site: Path | None = None) -> 
 EVERY_CASE = [
     f"auto, {mode} decode: {case}"
     for mode in ("native", "gather")
-    for case in ("eager decode", "paged extend", "target verify", "CUDA-graph decode emulated")
+    for case in (
+        "eager decode",
+        "paged extend",
+        "target verify",
+        "CUDA-graph decode emulated",
+        "CUDA-graph target verify emulated",
+    )
 ]
 
 

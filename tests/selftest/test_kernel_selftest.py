@@ -63,8 +63,14 @@ def test_checks_pass_on_the_shipped_kernel(kernel_source, tmp_path):
 # mutation stale fails here instead of silently testing nothing.
 MUTATIONS = {
     "off-by-one index": ("tl.load(idx_ptr + pos,", "tl.load(idx_ptr + pos + 1,"),
-    "tail columns dropped": ("if BLOCK_B > 0:", "if BLOCK_B < 0:"),
-    "last tile skipped": ("n_tiles = tl.cdiv(limit, BLOCK_R)", "n_tiles = limit // BLOCK_R"),
+    "tail columns dropped": (
+        "mask=mask_b)\n        tile += nprog",
+        "mask=mask_b & (cols_b[None, :] < 0))\n        tile += nprog",
+    ),
+    "last tile skipped": (
+        "count)\n    n_tiles = tl.cdiv(limit, BLOCK_R)",
+        "count)\n    n_tiles = limit // BLOCK_R",
+    ),
     "full-pool switch inverted": ("full = count >= n_pool_rows", "full = count > n_pool_rows * 2"),
 }
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from glmserve.series import PatchError, apply, workspace
+from glmserve.series import PatchError, apply, kernels, workspace
 from glmserve.series.lock import load_series
 from glmserve.series.regen import main as regen_main
 from glmserve.series.udiff import apply_file_patch, parse_patch
@@ -52,11 +52,15 @@ def test_an_unedited_work_area_reproduces_the_committed_patch(tmp_path, patches)
     assert committed.read_bytes() == before
 
 
-def test_edits_to_real_files_become_the_new_diff(tmp_path, patches, make_site, capsys):
-    """Edit b/, diff, regen: the lock follows and apply ships exactly the edited files."""
+def test_edits_to_real_files_become_the_new_diff(tmp_path, patches, make_site, capsys, monkeypatch):
+    """Edit b/ (the wiring) and a kernel's one source, diff, regen: the lock follows and apply
+    ships exactly the edited wiring and the source's kernel bytes."""
+    kernels_dir = tmp_path / "kernels"
+    shutil.copytree(kernels.KERNELS_DIR, kernels_dir)
+    monkeypatch.setattr(kernels, "KERNELS_DIR", kernels_dir)
     ws = _open(tmp_path, patches)
-    gather = ws / "b" / GATHER
-    gather.write_bytes(gather.read_bytes() + b"\n# an edit made in a real file\n")
+    gather = kernels_dir / "fp8_kv_gather.py"
+    gather.write_bytes(gather.read_bytes() + b"\n# an edit made in the kernel's source\n")
     backend = ws / "b" / BACKEND
     backend.write_bytes(b"# glmserve: first line edited\n" + backend.read_bytes())
     (ws / "b" / "sglang" / "srt" / "__pycache__").mkdir()  # trying the edit leaves bytecode
@@ -80,6 +84,20 @@ def test_edits_to_real_files_become_the_new_diff(tmp_path, patches, make_site, c
     assert (site / GATHER).read_bytes() == gather.read_bytes()
     assert (site / BACKEND).read_bytes() == backend.read_bytes()
     assert load_series(patches, PINNED).source == PINNED
+
+
+def test_a_kernel_edited_in_the_work_area_is_refused(tmp_path, patches, capsys):
+    """The kernels have one source (src/glmserve/kernels/): an edit of b/'s generated copy would
+    be lost at the next regen, so `diff` refuses it in one line and writes nothing."""
+    ws = _open(tmp_path, patches)
+    copy = ws / "b" / NATIVE
+    copy.write_bytes(copy.read_bytes() + b"# edited in the wrong place\n")
+    (committed,) = (patches / PINNED).glob("*.patch")
+    old = committed.read_bytes()
+    assert workspace.main(["diff", str(ws), "--patches", str(patches)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "src/glmserve/kernels/fp8_mla_decode.py" in err
+    assert committed.read_bytes() == old
 
 
 def test_refusals_are_one_line_and_change_nothing(tmp_path, patches, monkeypatch, capsys):

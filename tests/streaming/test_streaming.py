@@ -184,3 +184,27 @@ def test_tail_tpot_is_the_steady_decode_of_the_last_part_of_a_stream() -> None:
     assert stream_at([0.1, 0.2]).tail_tpot_s() is None  # one gap: no steady part to speak of
     with pytest.raises(ValueError, match="fraction"):
         got.tail_tpot_s(0.0)
+
+
+@pytest.mark.parametrize("name", [n for n in FIXTURES if "tokens_per_step" in GOLDEN[n]])
+def test_tokens_per_step_and_acceptance_length(name: str) -> None:
+    """Tokens per decode step leave out the first token-carrying event (the prefill's); the
+    acceptance length is SGLang's own, output tokens / meta_info.spec_verify_ct, and only
+    where the server sent that count."""
+    want, got = GOLDEN[name], replay(name)
+    assert got.tokens_per_step == pytest.approx(want["tokens_per_step"])
+    if want["accept_length"] is None:
+        assert got.accept_length is None and got.spec_verify_ct is None
+    else:
+        assert got.accept_length == pytest.approx(want["accept_length"])
+
+
+def test_over_many_requests_both_are_ratios_of_sums() -> None:
+    """A long request weighs by its steps: (8 + 3) tokens over (3 + 2) steps, not the mean of
+    8/3 and 3/2; the acceptance length only over the requests that carried a verify count."""
+    agg = Aggregate()
+    agg.add(replay("generate_mtp.jsonl"))
+    agg.add(replay("generate_native.jsonl"))
+    assert agg.tokens_per_step() == pytest.approx(11 / 5)
+    assert agg.accept_length() == pytest.approx(9 / 3)
+    assert Aggregate().tokens_per_step() is None and Aggregate().accept_length() is None

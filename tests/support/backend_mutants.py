@@ -69,22 +69,32 @@ NATIVE_INDICES = (
     "        planned = self.fp8_native.planned(wrapper)\n"
     '        kv_indices = getattr(wrapper, "_kv_indices_buf", None)\n'
 )
-NATIVE_INDPTR = "        kv_indptr, sm_scale = planned\n"
+NATIVE_INDPTR = "        kv_indptr, sm_scale, qo_indptr, max_q_len = planned\n"
 NATIVE_GUARD = "        if self.fp8_native is None or q_nope.dtype != torch.bfloat16:\n"
-NATIVE_POOL = "                forward_batch.token_to_kv_pool.get_key_buffer(layer.layer_id),\n"
+# Preceded by q_rope at the same depth: decode's call (forward_extend's is one level deeper).
+NATIVE_POOL = (
+    "                q_rope,\n"
+    "                forward_batch.token_to_kv_pool.get_key_buffer(layer.layer_id),\n"
+)
+# The same call in forward_extend (speculative batches).
+VERIFY_POOL = "".join("    " + line + "\n" for line in NATIVE_POOL.splitlines())
 NATIVE_RECORD = """\
         if self.attn_backend.fp8_native is not None:
             # The native kernel reads what this plan covers: this step's kv_indptr (a view
-            # of the persistent buffer, rewritten before every graph replay) and the
-            # wrapper's kv_indices; speculative batches keep the gather path.
-            self.attn_backend.fp8_native.note_plan(
-                wrapper, kv_indptr if spec_info is None else None, sm_scale
-            )
+            # of the persistent buffer, rewritten before every graph replay: the backend's
+            # own, or the multi-step draft backend's for EAGLE draft decode) and the
+            # wrapper's kv_indices.
+            self.attn_backend.fp8_native.note_plan(wrapper, kv_indptr, sm_scale)
 """
 HOST_ON_REPLAY = (
-    'wrapper, (fast_decode_kwargs["kv_indptr_cpu"] if init_metadata_replay else kv_indptr) '
-    "if spec_info is None else None"
+    'wrapper, fast_decode_kwargs["kv_indptr_cpu"] if init_metadata_replay else kv_indptr'
 )
+VERIFY_RECORD = """\
+                native.note_plan(
+                    wrapper_paged,
+                    kv_indptr if spec_info is not None else None,
+"""
+VERIFY_NOTE = "                native.note_plan(\n"
 
 
 @dataclass(frozen=True)
@@ -292,28 +302,29 @@ NATIVE_WRONG = [
     one(
         "native decode reads the persistent indptr buffer instead of the planned one",
         NATIVE_INDPTR,
-        "        _, sm_scale = planned\n        kv_indptr = self.kv_indptr\n",
+        "        _, sm_scale, qo_indptr, max_q_len = planned\n        kv_indptr = self.kv_indptr\n",
         "native-decode",
         "the native kernel's kv_indptr is self.kv_indptr, not the kv_indptr recorded",
     ),
     one(
         "native decode reads the wrapper's own indptr (never refreshed by the fast replay plan)",
         NATIVE_INDPTR,
-        "        _, sm_scale = planned\n        kv_indptr = wrapper._kv_indptr_buf\n",
+        "        _, sm_scale, qo_indptr, max_q_len = planned\n"
+        "        kv_indptr = wrapper._kv_indptr_buf\n",
         "native-decode",
         "the native kernel's kv_indptr is self.forward_metadata.decode_wrapper._kv_indptr_buf",
     ),
     one(
         "the plan recorded for native decode is the persistent buffer",
         NATIVE_RECORD,
-        NATIVE_RECORD.replace("wrapper, kv_indptr if", "wrapper, self.kv_indptr if"),
+        NATIVE_RECORD.replace("wrapper, kv_indptr,", "wrapper, self.kv_indptr,"),
         "native-decode",
         "records kv_indptr self.kv_indptr for native decode, not the device indptr",
     ),
     one(
         "the plan recorded for native decode is the host indptr on replay",
         NATIVE_RECORD,
-        NATIVE_RECORD.replace("wrapper, kv_indptr if spec_info is None else None", HOST_ON_REPLAY),
+        NATIVE_RECORD.replace("wrapper, kv_indptr", HOST_ON_REPLAY),
         "native-decode",
         "records kv_indptr fast_decode_kwargs['kv_indptr_cpu'] for native decode",
     ),
@@ -325,10 +336,9 @@ NATIVE_WRONG = [
         "native-decode",
         "plans a wrapper that is not recorded for native decode (note_plan) after it",
     ),
-    one(
+    Mutant(
         "no plan is ever recorded for native decode",
-        NATIVE_RECORD,
-        "",
+        ((NATIVE_RECORD, ""), (VERIFY_NOTE, "                (lambda *_: None)(\n")),
         "native-decode",
         "no plan is ever recorded for native decode",
     ),
@@ -338,6 +348,20 @@ NATIVE_WRONG = [
         NATIVE_POOL.replace("get_key_buffer(layer.layer_id)", "get_key_buffer(0)"),
         "native-decode",
         "the native kernel reads forward_batch.token_to_kv_pool.get_key_buffer(0), but upstream",
+    ),
+    one(
+        "speculative batches' native kernel reads another layer's pool",
+        VERIFY_POOL,
+        VERIFY_POOL.replace("get_key_buffer(layer.layer_id)", "get_key_buffer(0)"),
+        "native-decode",
+        "forward_extend: the native kernel reads forward_batch.token_to_kv_pool.get_key_buffer(0)",
+    ),
+    one(
+        "speculative batches' plan recorded with the persistent indptr buffer",
+        VERIFY_RECORD,
+        VERIFY_RECORD.replace("kv_indptr if spec_info", "self.kv_indptr if spec_info"),
+        "native-decode",
+        "records kv_indptr self.kv_indptr for native decode, not the device indptr",
     ),
     one(
         "the native kernel fed a 16-bit cast of the pool",
@@ -449,8 +473,8 @@ _LINE_0_5_17 = {
         GATHER_RETURN.replace("cast(pool,", "cast(self.token_to_kv_pool.get_key_buffer(0),"),
     ),
     "the native kernel reads another layer's pool": (
-        "                self.token_to_kv_pool.get_key_buffer(layer.layer_id),\n",
-        "                self.token_to_kv_pool.get_key_buffer(0),\n",
+        "                q_rope,\n                self.token_to_kv_pool.get_key_buffer(layer.layer_id),\n",
+        "                q_rope,\n                self.token_to_kv_pool.get_key_buffer(0),\n",
     ),
 }
 assert set(_LINE_0_5_17) <= set(OBSERVABLE)

@@ -169,8 +169,9 @@ class LiveStack:
     workdir: Path
 
 
+# MTP on (acceptance 2.5 of 4), so the MTP panel and rules have their series as well.
 EMULATOR_ARGS = ("--tpot-ms", "20", "--ttft-ms", "100", "--max-concurrency", "12",
-                 "--cost-model", "patched")  # fmt: skip
+                 "--cost-model", "patched", "--speculative-accept-length", "2.5")  # fmt: skip
 
 
 @contextlib.contextmanager

@@ -182,6 +182,10 @@ class ForwardMode(enum.IntEnum):
 
 
 class SpecInput:
+    # 0.5.17+: class-level defaults every SpecInput carries (read by the verify graph capture).
+    ragged_verify_layout = None
+    num_tokens_per_req = -1
+
     def __init__(self, kind: str) -> None:
         self.spec_input_type = kind
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from glmserve.exporter.canary import TPOT_SLO_S
+from glmserve.exporter.info import SPEC_ACCEPT_LENGTH_FLOOR
 
 UID = "glmserve-tpot"
 DS = {"type": "prometheus", "uid": "${datasource}"}
@@ -69,11 +70,17 @@ class Panel:
     slo_line: bool = False
     extra_options: dict[str, Any] = field(default_factory=dict)
     min_value: float | None = 0
+    # A floor drawn as a line: below it is bad (the SLO line's mirror image).
+    floor_line: float | None = None
+    # Series (by legend) drawn against a right-hand axis in another unit.
+    right_axis: dict[str, str] = field(default_factory=dict)
 
     def to_json(self, pid: int, x: int, y: int) -> dict[str, Any]:
         steps: list[dict[str, Any]] = [{"color": "green", "value": None}]
         if self.slo_line:
             steps.append({"color": "red", "value": TPOT_SLO_S})
+        if self.floor_line is not None:
+            steps = [{"color": "red", "value": None}, {"color": "green", "value": self.floor_line}]
         custom: dict[str, Any] = {}
         if self.kind == "timeseries":
             custom = {
@@ -82,7 +89,7 @@ class Panel:
                 "fillOpacity": 0,
                 "showPoints": "never",
                 "spanNulls": False,
-                "thresholdsStyle": {"mode": "line" if self.slo_line else "off"},
+                "thresholdsStyle": {"mode": "line" if self.slo_line or self.floor_line else "off"},
             }
         defaults: dict[str, Any] = {
             "unit": self.unit,
@@ -105,10 +112,22 @@ class Panel:
             "description": self.description,
             "datasource": DS,
             "gridPos": {"h": self.height, "w": self.width, "x": x, "y": y},
-            "fieldConfig": {"defaults": defaults, "overrides": []},
+            "fieldConfig": {"defaults": defaults, "overrides": self._overrides()},
             "options": options,
             "targets": [t.to_json(chr(ord("A") + i)) for i, t in enumerate(self.targets)],
         }
+
+    def _overrides(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "matcher": {"id": "byName", "options": legend},
+                "properties": [
+                    {"id": "custom.axisPlacement", "value": "right"},
+                    {"id": "unit", "value": unit},
+                ],
+            }
+            for legend, unit in self.right_axis.items()
+        ]
 
 
 def _quantiles(record: str, who: str) -> Target:
@@ -177,6 +196,7 @@ def _latency_panels() -> list[Panel]:
             f"glmserve.streaming; quantiles over the last 5 m of canary requests. {SLO_TEXT}",
             [_quantiles("glmserve:canary_tpot_seconds:quantile5m", "canary")],
             slo_line=True,
+            width=8,
         ),
         Panel(
             "TPOT - server side (all requests) vs canary",
@@ -191,7 +211,9 @@ def _latency_panels() -> list[Panel]:
                 Target("glmserve:canary_tpot_seconds:mean5m", "canary mean"),
             ],
             slo_line=True,
+            width=8,
         ),
+        _mtp_panel(),
         Panel(
             "ITL p50/p90/p99 - inter-token latency",
             f"{DEF_ITL} server: sglang:inter_token_latency_seconds (1 m, all requests). "
@@ -215,6 +237,37 @@ def _latency_panels() -> list[Panel]:
             ],
         ),
     ]
+
+
+ACCEPT_RATE = "acceptance rate (drafts)"
+
+
+def _mtp_panel() -> Panel:
+    """Beside TPOT: with MTP, TPOT is a verify pass's time over the tokens it kept."""
+    return Panel(
+        "MTP: tokens per verify pass",
+        "Speculative decoding (MTP, the model's own NextN layer): each decode step is one "
+        "verify pass that scores 1 + the draft tokens of every request and keeps the accepted "
+        "drafts + 1. TPOT is a pass's time over the tokens it kept, so read the two together: "
+        "TPOT alone hides where the speed comes from. acceptance length: SGLang's "
+        "sglang:spec_accept_length (tokens kept per request and pass; the exporter re-exports "
+        "it only while the server runs MTP), 5 m mean. canary tokens per step: the same seen "
+        "by a client, tokens per decode step of the last canary request (glmserve.streaming; 1 "
+        "without MTP). verify tokens: the ceiling (speculative_num_draft_tokens). acceptance "
+        "rate (right axis): accepted / proposed drafts. Red below "
+        f"{SPEC_ACCEPT_LENGTH_FLOOR:g}: alert GlmserveMTPAcceptanceCollapsed. Without MTP only "
+        "the canary's line (at 1) is drawn.",
+        [
+            Target("glmserve:spec_accept_length:mean5m", "acceptance length (server, 5 m)"),
+            Target("glmserve_canary_tokens_per_step", "canary tokens per step"),
+            Target("max(glmserve_server_speculative_num_draft_tokens)", "verify tokens (ceiling)"),
+            Target("glmserve:spec_accept_rate:mean5m", ACCEPT_RATE),
+        ],
+        unit="none",
+        width=8,
+        floor_line=SPEC_ACCEPT_LENGTH_FLOOR,
+        right_axis={ACCEPT_RATE: "percentunit"},
+    )
 
 
 def _load_panels() -> list[Panel]:

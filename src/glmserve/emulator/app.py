@@ -487,6 +487,17 @@ def model_card(config: EmulatorConfig, model_id: str | None = None) -> dict[str,
     }
 
 
+def speculative_args(c: EmulatorConfig) -> dict[str, Any]:
+    """The speculative server args of /server_info (None where SGLang runs none)."""
+    on = c.speculative
+    return {
+        "speculative_algorithm": "EAGLE" if on else None,
+        "speculative_num_steps": c.spec_num_draft_tokens - 1 if on else None,
+        "speculative_eagle_topk": 1 if on else None,
+        "speculative_num_draft_tokens": c.spec_num_draft_tokens if on else None,
+    }
+
+
 def server_info_dict(state: EmulatorState) -> dict[str, Any]:
     """The keys of the real /server_info that tools read (server args + scheduler info)."""
     c = state.config
@@ -512,7 +523,8 @@ def server_info_dict(state: EmulatorState) -> dict[str, Any]:
         "decode_log_interval": c.decode_log_interval,
         "enable_metrics": True,
         "weight_version": "default",
-        "speculative_algorithm": None,
+        # As SGLang resolves them: EAGLE (NEXTN's name there), topk 1, draft tokens = steps + 1.
+        **speculative_args(c),
         "disable_cuda_graph": False,
         "cuda_graph_max_bs": c.graph_max_bs,
         "enable_cache_report": c.enable_cache_report,
@@ -521,6 +533,7 @@ def server_info_dict(state: EmulatorState) -> dict[str, Any]:
     internal = {
         **args,
         "last_gen_throughput": engine.last_gen_throughput,
+        **engine.spec_internal_state(),
         "memory_usage": {
             "weight": 0.0,
             "kvcache": 0.0,
@@ -541,6 +554,7 @@ def server_info_dict(state: EmulatorState) -> dict[str, Any]:
             "tpot_ms": c.tpot_ms,
             "ttft_ms": c.ttft_ms,
             "tokens_per_chunk": c.tokens_per_chunk,
+            "spec_accept_length": c.spec_accept_length,
             "cost_model": c.cost_model.mode,
             "cost_model_layers": c.cost_model.layers,
             "cost_model_pool_rows": c.cost_model.pool_rows,

@@ -51,6 +51,10 @@ class EmulatorConfig:
     # Decode batches up to this size count as CUDA-graph passes; None = --max-concurrency, so
     # the default stack never decodes "eagerly" (sglang:cuda_graph_passes_total).
     cuda_graph_max_bs: int | None = None
+    # MTP speculative decoding: None = off; else the mean tokens one decode step (one verify
+    # pass) delivers, 1 .. spec_num_draft_tokens (SGLang's acceptance length).
+    spec_accept_length: float | None = None
+    spec_num_draft_tokens: int = 4  # tokens one verify pass scores per request (steps + 1)
 
     def __post_init__(self) -> None:
         problems = []
@@ -81,6 +85,20 @@ class EmulatorConfig:
             problems.append("--decode-log-interval must be >= 1")
         if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:
             problems.append("--cuda-graph-max-bs must be >= 1")
+        if self.spec_num_draft_tokens < 2:
+            problems.append("--speculative-num-draft-tokens must be >= 2 (1 + the drafts)")
+        if self.spec_accept_length is not None:
+            accept, draft = self.spec_accept_length, self.spec_num_draft_tokens
+            if not (math.isfinite(accept) and 1 <= accept <= draft):
+                problems.append(
+                    "--speculative-accept-length must be between 1 and "
+                    f"--speculative-num-draft-tokens ({draft}), not {accept:g}"
+                )
+            if self.tokens_per_chunk != 1:
+                problems.append(
+                    "--tokens-per-chunk and --speculative-accept-length both set the tokens per "
+                    "chunk: give one of them"
+                )
         if self.served_model_name is not None and ":" in self.served_model_name:
             # The real server refuses it too: ':' is the LoRA separator.
             problems.append("--served-model-name cannot contain a colon (':')")
@@ -91,6 +109,21 @@ class EmulatorConfig:
     def model_name(self) -> str:
         """Like SGLang: served_model_name defaults to model_path."""
         return self.served_model_name or self.model_path
+
+    @property
+    def speculative(self) -> bool:
+        """Emulating MTP speculative decoding (SGLang's EAGLE with the model's NextN layer)."""
+        return self.spec_accept_length is not None
+
+    def step_tokens(self, step: int) -> int:
+        """Tokens the `step`-th decode step (0-based) of a request delivers: K without MTP; with
+        MTP, floor((step + 1) A) - floor(step A), so every step accepts a whole number of
+        tokens next to A (2 and 3 for 2.5) and any run of steps averages A (deterministic: a
+        test knows what each request gets)."""
+        if self.spec_accept_length is None:
+            return self.tokens_per_chunk
+        a = self.spec_accept_length
+        return math.floor((step + 1) * a + 1e-9) - math.floor(step * a + 1e-9)
 
     @property
     def graph_max_bs(self) -> int:
@@ -202,6 +235,23 @@ def build_parser() -> argparse.ArgumentParser:
         "(sglang:cuda_graph_passes_total{mode=decode_none}); default: --max-concurrency",
     )
     p.add_argument(
+        "--speculative-accept-length",
+        type=float,
+        default=None,
+        metavar="A",
+        help="emulate MTP speculative decoding: each decode step (one verify pass) delivers A "
+        "tokens on average as one SSE chunk, and the spec metrics, /server_info and /generate's "
+        "meta_info say so as SGLang's do (default, or 0: off)",
+    )
+    p.add_argument(
+        "--speculative-num-draft-tokens",
+        type=int,
+        default=4,
+        metavar="D",
+        help="with MTP: tokens one verify pass scores per request, 1 + the drafts (SGLang's "
+        "flag; the GLM-5 recipes' 4); A is at most D",
+    )
+    p.add_argument(
         "--build-info-file",
         default=None,
         help="write glmserve build info (source=emulator, fp8_gather per --cost-model) here",
@@ -245,6 +295,9 @@ def config_from_args(ns: argparse.Namespace) -> EmulatorConfig:
         decode_log_interval=ns.decode_log_interval,
         build_info_file=ns.build_info_file,
         cuda_graph_max_bs=ns.cuda_graph_max_bs,
+        # 0 is off too: compose passes its default that way.
+        spec_accept_length=ns.speculative_accept_length or None,
+        spec_num_draft_tokens=ns.speculative_num_draft_tokens,
     )
 
 

@@ -12,6 +12,12 @@ With --tokens-per-chunk K the first output carries one token (the prefill's) and
 carry K tokens; an output is sent when its LAST token is due, so the k-th token still lands at
 the same deadline it would have with K=1 and TPOT = (t_last - t_first)/(N-1) is unchanged.
 
+MTP (--speculative-accept-length A) is the same with a number of tokens per decode step that
+varies as SGLang's accepted drafts do: each step (one verify pass) delivers 1..D tokens, A on
+average (EmulatorConfig.step_tokens), in one output. --tpot-ms stays the time per output token,
+so a step that accepts n tokens takes n x TPOT: the emulator models what MTP looks like to a
+client and to the metrics (multi-token chunks, acceptance), not what it costs.
+
 Queueing mirrors the real scheduler's FCFS admission: a request runs when fewer than
 --max-concurrency requests are running and the pool can hold its prompt plus its output
 (a reservation; the real scheduler estimates with new_token_ratio and retracts when wrong,
@@ -49,6 +55,10 @@ class GenRequest:
     last_output: float = 0.0
     done: bool = False
     cached_tokens: int = 0  # prompt tokens found in the prefix cache (emulator.prefix)
+    # MTP: verify passes so far, and how many steps accepted 0, 1, 2 ... drafts (SGLang's
+    # Req.spec_verify_ct and spec_correct_drafts_histogram).
+    spec_verify_ct: int = 0
+    spec_correct_drafts_histogram: list[int] = field(default_factory=list)
 
     @property
     def reservation(self) -> int:
@@ -85,6 +95,12 @@ class Engine:
         self._tokens_since_log = 0
         self._last_log = self.started_at
         self.last_gen_throughput = 0.0
+        # MTP over the current decode-log interval: tokens accepted and request-steps taken
+        # (the scheduler's spec_num_accept_tokens / spec_num_forward_ct).
+        self._spec_accepted = 0
+        self._spec_steps = 0
+        self._spec_total_accepted = 0
+        self._spec_total_steps = 0
         self._stats_task: asyncio.Task[None] | None = None
         self._emit_constants()
         self._log_stats(gen_throughput=0.0)
@@ -179,7 +195,6 @@ class Engine:
         await self.admit(req)
         try:
             assert req.admitted is not None
-            k = self.config.tokens_per_chunk
             due = req.admitted + self.config.ttft_s
             await self._sleep_until(due)
             first = min(1, req.output_tokens)
@@ -190,8 +205,10 @@ class Engine:
             yield out
             constant = not self.config.cost_model.enabled
             tpot = self.config.tpot_s
+            step = 0
             while req.generated < req.output_tokens:
-                batch = min(k, req.output_tokens - req.generated)
+                batch = min(self.config.step_tokens(step), req.output_tokens - req.generated)
+                step += 1
                 if constant:
                     due += tpot * batch
                 else:
@@ -213,6 +230,15 @@ class Engine:
             self.metrics.observe_time_to_first_token(now - req.arrival)
         else:
             self.metrics.observe_inter_token_latency(now - req.last_output, n)
+            if self.config.speculative:  # one verify pass: n - 1 drafts accepted + the bonus
+                req.spec_verify_ct += 1
+                hist = req.spec_correct_drafts_histogram
+                hist.extend([0] * (n - len(hist)))
+                hist[n - 1] += 1
+                self._spec_accepted += n
+                self._spec_steps += 1
+                self._spec_total_accepted += n
+                self._spec_total_steps += 1
         req.last_output = now
         finished = req.generated >= req.output_tokens
         if finished:
@@ -245,9 +271,6 @@ class Engine:
         g["token_usage"] = g["full_token_usage"] = self.used_tokens / pool
         g["num_used_tokens"] = g["kv_used_tokens"] = self.used_tokens
         g["kv_available_tokens"] = pool - self.used_tokens
-        k = self.config.tokens_per_chunk
-        g["spec_accept_length"] = float(k) if k > 1 else 0.0
-        g["spec_accept_rate"] = 1.0 if k > 1 else 0.0
         if self.running:
             g["is_cuda_graph"] = 1.0
 
@@ -257,7 +280,30 @@ class Engine:
         self.last_gen_throughput = self._tokens_since_log / gap if gap > 0 else 0.0
         self._tokens_since_log = 0
         self._last_log = now
+        self._log_spec_stats()
         self._log_stats(self.last_gen_throughput)
+
+    def _log_spec_stats(self) -> None:
+        """The decode log's speculative gauges (scheduler_metrics_mixin.log_decode_stats):
+        accept length = accepted tokens / request-steps over the interval, accept rate =
+        accepted drafts / proposed drafts; 0 without speculative decoding; kept as they were
+        over an interval without a verify pass (the real scheduler logs only while decoding)."""
+        if not self.config.speculative or not self._spec_steps:
+            return
+        g = self.metrics.gauges
+        steps, accepted = self._spec_steps, self._spec_accepted
+        g["spec_accept_length"] = accepted / steps
+        g["spec_accept_rate"] = (accepted - steps) / (
+            steps * (self.config.spec_num_draft_tokens - 1)
+        )
+        self._spec_accepted = self._spec_steps = 0
+
+    def spec_internal_state(self) -> dict[str, float]:
+        """/server_info's internal_states entry: avg_spec_accept_length over the server's
+        life (scheduler.get_internal_state), once a verify pass has run."""
+        if not self._spec_total_steps:
+            return {}
+        return {"avg_spec_accept_length": self._spec_total_accepted / self._spec_total_steps}
 
     async def _stats_loop(self) -> None:
         while True:

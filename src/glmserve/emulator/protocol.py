@@ -521,7 +521,27 @@ def generate_meta(
     }
     if finished:
         meta["e2e_latency"] = now - req.arrival
+        if config.speculative and req.spec_verify_ct > 0:
+            meta.update(spec_meta(req, config, completion_tokens))
     return meta
+
+
+def spec_meta(req: GenRequest, config: EmulatorConfig, completion_tokens: int) -> dict[str, Any]:
+    """What SGLang adds to a finished request's meta_info under speculative decoding
+    (TokenizerManager._calculate_spec_decoding_metrics), names and aliases as there."""
+    proposed = req.spec_verify_ct * (config.spec_num_draft_tokens - 1)
+    correct = sum(i * n for i, n in enumerate(req.spec_correct_drafts_histogram))
+    return {
+        "spec_accept_rate": correct / proposed,
+        "spec_accept_length": completion_tokens / req.spec_verify_ct,  # the bonus tokens too
+        "spec_num_correct_drafts": correct,
+        "spec_num_proposed_drafts": proposed,
+        "spec_verify_ct": req.spec_verify_ct,
+        "spec_accepted_drafts": correct,
+        "spec_proposed_drafts": proposed,
+        "spec_correct_drafts_histogram": list(req.spec_correct_drafts_histogram),
+        "spec_accept_histogram": list(req.spec_correct_drafts_histogram),
+    }
 
 
 def chat_response(req: GenRequest, parsed: ParsedRequest, config: EmulatorConfig) -> dict[str, Any]:

@@ -83,6 +83,11 @@ def write_build_info(config: EmulatorConfig) -> None:
             "patch_series": "emulated" if config.fp8_gather == "on" else "",
             "patch_lock_sha256": "",
             "fp8_gather": config.fp8_gather,
+            # What the emulated deployment asked of MTP, as the launcher records it.
+            "speculative_algorithm": "EAGLE" if config.speculative else "",
+            "speculative_num_draft_tokens": (
+                str(config.spec_num_draft_tokens) if config.speculative else ""
+            ),
             "source": "emulator",
         },
     )

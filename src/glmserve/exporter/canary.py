@@ -104,6 +104,12 @@ class CanaryMetrics:
             "Output tokens / end-to-end time of the last successful canary request.",
             registry=registry,
         )
+        self.tokens_per_step = Gauge(
+            "glmserve_canary_tokens_per_step",
+            "Tokens per decode step of the last successful canary request, as glmserve.streaming "
+            "defines it: 1 without speculative decoding, about the acceptance length with MTP.",
+            registry=registry,
+        )
         self.output_tokens = Counter(
             "glmserve_canary_output_tokens",
             "Output tokens received by the canary (from usage).",
@@ -188,6 +194,8 @@ class Canary:
         for gap in timing.itl_s:
             m.itl.observe(gap)
         m.output_tps.set(timing.output_tokens_per_s)
+        if timing.tokens_per_step is not None:
+            m.tokens_per_step.set(timing.tokens_per_step)
         m.output_tokens.inc(timing.output_tokens)
         m.last_success.set(self._wall_clock())
         self._notify(True)

@@ -4,6 +4,12 @@ SGLang's /metrics says how fast the server is, not *what* it is: which KV dtype,
 pool size, and whether our patch series is in. The info metric joins GET /server_info with the
 build-info file the launcher writes, so a dashboard can show "FP8 KV, patched, pool 495k" and an
 alert can catch an FP8 pool running the upstream full-pool cast.
+
+Under speculative decoding (MTP) the info says what was asked (speculative_algorithm and the
+tokens one verify pass scores), and the probe re-exports SGLang's acceptance gauges
+(sglang:spec_accept_length / sglang:spec_accept_rate, read from the target's /metrics) as
+glmserve_server_spec_accept_length / _rate: beside what the profile asked for, so a collapse of
+acceptance can be told from a server that never ran MTP (whose gauges read 0).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from glmserve import buildinfo, sglang_api
+from glmserve.sglang_api import spec_gauges
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +53,8 @@ INFO_LABELS = (
     "fp8_attention",
     "fp8_attention_requested",
     "patch_in_use",
+    "speculative_algorithm",
+    "speculative_num_draft_tokens",
     "build_source",
 )
 
@@ -63,6 +72,8 @@ def server_fields(info: dict[str, Any]) -> dict[str, str]:
         "attention_backend": _text(sglang_api.info_attention_backend(info)),
         "tp_size": _text(info.get("tp_size")),
         "max_total_num_tokens": _text(sglang_api.info_kv_pool_tokens(info)),
+        "speculative_algorithm": _text(sglang_api.info_speculative_algorithm(info)),
+        "speculative_num_draft_tokens": _text(info.get("speculative_num_draft_tokens")),
     }
 
 
@@ -73,7 +84,15 @@ LIMITS = {
     "decode eagerly (server arg cuda_graph_max_bs).",
     "max_running_requests": "Largest running batch the scheduler admits (server arg "
     "max_running_requests); above cuda_graph_max_bs it allows eager decode.",
+    "speculative_num_draft_tokens": "Tokens one speculative verify pass scores per request (server "
+    "arg speculative_num_draft_tokens, 1 + the drafts): the ceiling of the acceptance length. "
+    "Only under speculative decoding.",
 }
+# Below this acceptance length (tokens per verify pass) MTP has collapsed: a verify pass plus
+# the draft passes cost about 1.3 plain decode steps on GLM-5 at small batch, so under ~1.3 MTP
+# is slower than no MTP at all; healthy GLM-5 MTP runs at 2.2-3.4 with 3 drafts (public figures
+# in docs/deploy.md). Alert GlmserveMTPAcceptanceCollapsed and the dashboard's line use it.
+SPEC_ACCEPT_LENGTH_FLOOR = 1.5
 
 
 def server_limits(info: dict[str, Any]) -> dict[str, float]:
@@ -114,6 +133,9 @@ def summarize(labels: dict[str, str], build_present: bool) -> str:
     else:
         patch = "patched, gather off"
     parts = [kv, patch]
+    if labels.get("speculative_algorithm"):
+        tokens = labels.get("speculative_num_draft_tokens", "")
+        parts.append(f"MTP {tokens}-token verify" if tokens else "MTP")
     pool = labels.get("max_total_num_tokens", "")
     if pool.isdigit():
         n = int(pool)
@@ -124,6 +146,25 @@ def summarize(labels: dict[str, str], build_present: bool) -> str:
 # A real /server_info is tens of kilobytes; anything past this cap is not one, and reading it
 # whole would let a broken target grow the exporter's memory without bound.
 MAX_INFO_BYTES = 1 << 20
+# SGLang's /metrics (read only under speculative decoding) is hundreds of kilobytes at most.
+MAX_METRICS_BYTES = 16 << 20
+
+# The acceptance gauges re-exported from SGLang's /metrics under speculative decoding.
+SPEC_GAUGES = {
+    sglang_api.SPEC_ACCEPT_LENGTH: (
+        "glmserve_server_spec_accept_length",
+        "SGLang's speculative acceptance length (sglang:spec_accept_length): tokens a request "
+        "gains per verify pass, accepted drafts + 1, over the scheduler's last decode-log "
+        "interval (40 decode steps); mean over the ranks that report it. Only while the server "
+        "runs speculative decoding.",
+    ),
+    sglang_api.SPEC_ACCEPT_RATE: (
+        "glmserve_server_spec_accept_rate",
+        "SGLang's speculative acceptance rate (sglang:spec_accept_rate): accepted drafts / "
+        "proposed drafts over the same interval. Only while the server runs speculative "
+        "decoding.",
+    ),
+}
 
 
 class ProbeFailed(Exception):
@@ -187,6 +228,7 @@ class TargetInfoCollector(Collector):
         self._up = False
         self._last_server: dict[str, str] | None = None
         self._last_limits: dict[str, float] = {}
+        self._last_spec: dict[str, float] = {}
         self.failures = dict.fromkeys(PROBE_FAILURE_REASONS, 0)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -236,12 +278,32 @@ class TargetInfoCollector(Collector):
     def refresh(self) -> bool:
         """Probe once and keep the result for the scrapes that follow; True when up."""
         body = self.probe()
+        spec = self.probe_spec() if body and sglang_api.info_speculative_algorithm(body) else {}
         with self._lock:
             self._up = body is not None
             if body is not None:
                 self._last_server = server_fields(body)
                 self._last_limits = server_limits(body)
+            # Not kept while the target is down: a stale acceptance would hide a collapse.
+            self._last_spec = spec
         return body is not None
+
+    def probe_spec(self) -> dict[str, float]:
+        """SGLang's acceptance gauges from the target's /metrics; {} when they cannot be read
+        (no --enable-metrics, a broken answer): the panel then shows no line, not a stale one."""
+        try:
+            status, raw = read_bounded(
+                self.client,
+                self.target + sglang_api.METRICS,
+                deadline_s=self.deadline_s,
+                max_bytes=MAX_METRICS_BYTES,
+            )
+            if status >= 300:
+                raise ProbeFailed("http_status", f"HTTP {status} on {sglang_api.METRICS}")
+            return spec_gauges(raw.decode("utf-8", "replace"))
+        except (ProbeFailed, httpx.HTTPError, ValueError) as exc:
+            log.debug("acceptance gauges unreadable: %s", exc)
+            return {}
 
     def start(self, interval_s: float) -> None:
         """Probe at once, then every interval_s, in a thread of its own (one probe at a time)."""
@@ -284,6 +346,7 @@ class TargetInfoCollector(Collector):
             up = self._up
             server = self._last_server
             limits = dict(self._last_limits)
+            spec = dict(self._last_spec)
             failures = dict(self.failures)
         up = GaugeMetricFamily(
             "glmserve_target_up",
@@ -302,6 +365,9 @@ class TargetInfoCollector(Collector):
         yield counter
         for key, value in limits.items():  # kept while the target is down, like the info
             yield GaugeMetricFamily(f"glmserve_server_{key}", LIMITS[key], value=value)
+        for source, value in spec.items():
+            name, help_text = SPEC_GAUGES[source]
+            yield GaugeMetricFamily(name, help_text, value=value)
         refused = self.read_launch_error()
         if refused is not None:
             # The launcher refused to start and waits (GLMSERVE_HOLD_ON_ERROR): its one line,
@@ -330,7 +396,14 @@ class TargetInfoCollector(Collector):
             labels["fp8_attention_requested"] = build.get("fp8_attention_requested", "")
             labels["patch_in_use"] = build.get("patch_in_use", "")
             labels["build_source"] = build.get("source", "")
-            for key in ("sglang_version", "attention_backend"):  # the server's answer wins
+            # The server's answer wins; the build info says what the deployment asked (MTP
+            # included) while the server has not answered yet.
+            for key in (
+                "sglang_version",
+                "attention_backend",
+                "speculative_algorithm",
+                "speculative_num_draft_tokens",
+            ):
                 if not labels[key]:
                     labels[key] = build.get(key, "")
         labels["summary"] = summarize(labels, build is not None)

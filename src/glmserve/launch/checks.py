@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from glmserve import switches
+from glmserve.launch import speculative
 from glmserve.launch.errors import LaunchError, read_json
 from glmserve.launch.inventory import Gpu
 from glmserve.launch.profiles import Profile, flag_value, sglang_versions
@@ -90,7 +91,11 @@ def detect_quant_algo(model_dir: Path, config: Mapping[str, Any]) -> str | None:
     return None
 
 
-def check_model(profile: Profile, model_dir: Path) -> dict[str, Any]:
+def check_model(
+    profile: Profile, model_dir: Path, argv: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """The model dir holds what the profile's flags need; `argv` is the SGLang argv (default:
+    the profile's args), for what the extra args add (MTP's NextN layer)."""
     config = read_model_config(model_dir)
     archs = config.get("architectures") or []
     arch = archs[0] if isinstance(archs, list) and archs else None
@@ -120,6 +125,10 @@ def check_model(profile: Profile, model_dir: Path) -> dict[str, Any]:
                 f"model in {model_dir} has {key}={config.get(key)!r}, but profile "
                 f"'{profile.name}' needs {key}={value!r}" + (f" ({why})" if why else "")
             )
+    args = profile.args if argv is None else argv
+    speculative.check_draft_layer(
+        speculative.from_argv(args), config, model_dir, args, f"profile '{profile.name}'"
+    )
     return config
 
 
@@ -264,7 +273,12 @@ def decode_timing_env(
     argv: Sequence[str], model_config: Mapping[str, Any], tp: int
 ) -> dict[str, str]:
     """The self-test's timing shape: the model's heads per rank and the decode batches the
-    server will run (1 and the largest captured CUDA-graph batch, 64 where the profile leaves it to SGLang)."""
+    server will run (1 and the largest captured CUDA-graph batch, 64 where the profile leaves it to SGLang).
+
+    Under MTP the same batches hold for what the native kernel serves there: the draft's
+    one-token decode passes (batch = running requests, topk 1), one layer each. The target's
+    verify pass (speculative.from_argv(argv).tokens_per_verify query tokens per request, all
+    layers) runs the extend path and is not timed here."""
     env = {}
     heads = model_config.get("num_attention_heads")
     if isinstance(heads, int) and heads > 0 and tp > 0:
@@ -318,17 +332,20 @@ def cuda_graph_warning(argv: Sequence[str]) -> str | None:
     max_bs = flag_value(argv, "--cuda-graph-max-bs")
     if max_bs is None:
         return None  # SGLang sizes both from the GPU: nothing the launcher can compare
-    running = flag_value(argv, "--max-running-requests")
+    # With speculative decoding and no --max-running-requests SGLang caps the batch at 48;
+    # the graphs count requests there too (each captured batch is scaled by the verify tokens).
+    running = speculative.max_running_requests(argv)
     try:
         if running is not None and int(running) <= int(max_bs):
             return None
     except ValueError:
         return None  # SGLang's own parser will refuse the value
-    allows = (
-        f"--max-running-requests {running} allows more"
-        if running is not None
-        else "--max-running-requests is unset (SGLang sizes it from the KV pool)"
-    )
+    if flag_value(argv, "--max-running-requests") is None and running is not None:
+        allows = f"speculative decoding lets SGLang run {running} requests (its MTP default)"
+    elif running is not None:
+        allows = f"--max-running-requests {running} allows more"
+    else:
+        allows = "--max-running-requests is unset (SGLang sizes it from the KV pool)"
     return (
         f"decode CUDA graphs are captured up to batch {max_bs} but {allows}: a larger running "
         "batch (the exporter's canary counts as one request) decodes without graphs, several "

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from glmserve import buildinfo, switches
-from glmserve.launch import checks, fit, sglang_argv
+from glmserve.launch import checks, fit, sglang_argv, speculative
 from glmserve.launch.errors import LaunchError
 from glmserve.launch.host import Host
 from glmserve.launch.profiles import (
@@ -342,6 +342,7 @@ def _report(
     warnings: list[str],
     fitted: fit.Fit | None,
 ) -> dict[str, Any]:
+    spec = speculative.from_argv(plan.argv)
     return {
         "profile": plan.profile.name,
         "profile_file": str(plan.profile.path),
@@ -349,6 +350,8 @@ def _report(
         "tp": plan.inputs.tp,
         "nnodes": plan.inputs.nnodes,
         "fit": None if fitted is None else fitted.as_dict(),
+        # MTP as SGLang will run it (None: no speculative decoding asked).
+        "speculative": None if spec is None else spec.as_dict(),
         "argv": shown_argv,  # secret values redacted
         # Only the variables the profile manages (plus the patch switch): the full environment
         # may hold tokens and must not be echoed into CI logs.
@@ -459,7 +462,8 @@ def validate(profile: Profile, inputs: Inputs, host: Host, dry_run: bool) -> Val
     """The model, SGLang and its patch, the argv, the switches and the cache dir, in the order
     the refusals are most useful; nothing starts."""
     environ = host.environ
-    model_config = checks.check_model(profile, inputs.model_path)
+    sglang_args = [*profile.args, *inputs.extra_args]
+    model_config = checks.check_model(profile, inputs.model_path, sglang_args)
     plan = build_plan(profile, inputs, environ, sys.executable, model_config)
     backend = decode_attention_backend(plan.argv)
     patched_path = uses_patched_path(plan.argv, sglang_versions(profile))
@@ -604,9 +608,21 @@ def write_build_info(ready: Validated, fp8_gather: str, decode: Fp8Decode) -> No
             "attention_backend": ready.backend,
             # Whether this profile's decode runs a file the line's series patched.
             "patch_in_use": "yes" if ready.patched_path else "no",
+            # What was asked of speculative decoding (MTP), for the acceptance alert.
+            **speculative_fields(ready.plan.argv),
             "source": "launcher",
         },
     )
+
+
+def speculative_fields(argv: Sequence[str]) -> dict[str, str]:
+    """The build-info fields of speculative decoding ("" where the argv asks for none)."""
+    spec = speculative.from_argv(argv)
+    tokens = spec.tokens_per_verify if spec is not None else None
+    return {
+        "speculative_algorithm": spec.algorithm if spec is not None else "",
+        "speculative_num_draft_tokens": "" if tokens is None else str(tokens),
+    }
 
 
 HOLD_ENV = "GLMSERVE_HOLD_ON_ERROR"

@@ -15,8 +15,15 @@ if the checkpoint also quantizes attention, which errs on the side of refusing.
 
 KV: MLA keeps one latent row per token per layer and every TP rank holds the whole pool, so
 the pool's size in tokens does not grow with TP. A dense-MLA row is kv_lora_rank +
-qk_rope_head_dim values (576 for GLM-5) at the KV dtype; SGLang's DSA ("nsa") FP8 layout packs
-it into 656 bytes plus a 132-byte indexer key.
+qk_rope_head_dim values (576 for GLM-5) at the KV dtype; SGLang's DSA FP8 layout ("nsa", "dsa"
+from 0.5.17 on) packs it into 656 bytes plus a 132-byte indexer key.
+
+MTP (speculative decoding from the model's own NextN layer, glmserve.launch.speculative) comes
+on top, outside the static fraction: SGLang sizes the pool for the target alone, then the draft
+worker loads the NextN layer (one more MoE decoder layer, in BF16: deepseek_nextn.py drops the
+modelopt_fp4 quant config for it) and allocates its own KV for the same number of tokens, one
+layer deep (it reuses the target's memory_pool_config). Both take from the 1 - fraction that
+activations, NCCL and the CUDA graphs also live in.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from glmserve.launch import speculative
 from glmserve.launch.errors import LaunchError
 
 GIB = 1024**3
@@ -32,6 +40,7 @@ MIB = 1024**2
 NVFP4_BYTES = 0.5625  # 4-bit value + an FP8 scale per 16 values
 BF16_BYTES = 2
 DSA_FP8_ROW_BYTES = 656 + 132  # packed NSA latent row + indexer key (FP8 + fp32 scale)
+DSA_BACKENDS = ("nsa", "dsa")  # 0.5.17 renamed nsa to dsa (nsa stays its deprecated alias)
 
 
 @dataclass(frozen=True)
@@ -46,10 +55,26 @@ class Fit:
     kv_bytes_per_token: int
     kv_pool_tokens: int
     min_kv_tokens: int
+    # MTP's draft (0 without one): its weights and its own KV, outside the static fraction.
+    draft_weights_per_gpu: int = 0
+    draft_kv_bytes: int = 0
+
+    @property
+    def headroom(self) -> int:
+        """What the static fraction leaves of one GPU: activations, graphs, NCCL, the draft."""
+        return int(self.gpu_memory * (1 - self.mem_fraction_static))
+
+    @property
+    def draft_bytes(self) -> int:
+        return self.draft_weights_per_gpu + self.draft_kv_bytes
+
+    @property
+    def draft_fits(self) -> bool:
+        return self.draft_bytes <= self.headroom
 
     @property
     def fits(self) -> bool:
-        return self.kv_pool_tokens >= self.min_kv_tokens
+        return self.kv_pool_tokens >= self.min_kv_tokens and self.draft_fits
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -61,7 +86,17 @@ class Fit:
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "kv_pool_tokens": self.kv_pool_tokens,
             "min_kv_tokens": self.min_kv_tokens,
+            **self._draft_dict(),
             "fits": self.fits,
+        }
+
+    def _draft_dict(self) -> dict[str, Any]:
+        if not self.draft_bytes:
+            return {}  # no MTP: the report stays as it was
+        return {
+            "draft_weights_per_gpu_gib": round(self.draft_weights_per_gpu / GIB, 2),
+            "draft_kv_gib": round(self.draft_kv_bytes / GIB, 2),
+            "headroom_gib": round(self.headroom / GIB, 1),
         }
 
 
@@ -72,8 +107,11 @@ def _int(config: Mapping[str, Any], key: str, default: int | None = None) -> int
     return value
 
 
-def weight_bytes(config: Mapping[str, Any], quantized_experts: bool) -> tuple[int, int]:
-    """(bytes split across TP ranks, bytes repeated on every rank) for the whole model."""
+def weight_bytes(
+    config: Mapping[str, Any], quantized_experts: bool, embeddings: bool = True
+) -> tuple[int, int]:
+    """(bytes split across TP ranks, bytes repeated on every rank) for the whole model
+    (embeddings=False: without the embedding and lm_head, which an MTP draft shares)."""
     h = _int(config, "hidden_size")
     layers = _int(config, "num_hidden_layers")
     heads = _int(config, "num_attention_heads")
@@ -98,7 +136,8 @@ def weight_bytes(config: Mapping[str, Any], quantized_experts: bool) -> tuple[in
     gate_bytes = moe_layers * h * routed * 4  # fp32 router weights
 
     expert_bytes = expert_params * (NVFP4_BYTES if quantized_experts else BF16_BYTES)
-    split = expert_bytes + BF16_BYTES * (layers * attn_split + dense_params + 2 * vocab * h)
+    embedding_params = 2 * vocab * h if embeddings else 0
+    split = expert_bytes + BF16_BYTES * (layers * attn_split + dense_params + embedding_params)
     repeated = BF16_BYTES * layers * attn_rep + gate_bytes
     return int(split), int(repeated)
 
@@ -108,7 +147,7 @@ def kv_bytes_per_token(config: Mapping[str, Any], kv_dtype: str, backend: str | 
     layers = _int(config, "num_hidden_layers")
     row = _int(config, "kv_lora_rank") + _int(config, "qk_rope_head_dim")
     fp8 = kv_dtype.startswith("fp8")
-    if backend == "nsa" and fp8:
+    if backend in DSA_BACKENDS and fp8:
         return layers * DSA_FP8_ROW_BYTES
     return layers * row * (1 if fp8 else BF16_BYTES)
 
@@ -140,7 +179,30 @@ def default_mem_fraction(gpu_memory: int, tp: int, argv: Sequence[str]) -> float
     reserved = 512 + max(chunk_tokens, 2048) * 1.5 + graph_bs * 2 + tp / 8 * 1024
     if mib > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
+    reserved += speculative.draft_reserve_mib(argv)  # the draft model and its graphs
     return round((mib - reserved) / mib, 3)
+
+
+def draft_bytes(
+    config: Mapping[str, Any], argv: Sequence[str], tp: int, kv_pool_tokens: int
+) -> tuple[int, int]:
+    """(draft weights per GPU, draft KV per GPU) of MTP from the model's own NextN layer, or
+    (0, 0). The NextN layer is one MoE decoder layer plus eh_proj (2h x h, replicated), in BF16;
+    it shares the target's embedding and lm_head (eagle_worker.py set_embed_and_head)."""
+    spec = speculative.from_argv(argv)
+    if spec is None or not spec.uses_nextn_layer:
+        return 0, 0
+    merged = speculative.effective_config(config, argv)
+    draft_layers = merged.get("num_nextn_predict_layers")
+    if not isinstance(draft_layers, int) or draft_layers < 1:
+        return 0, 0  # checks.check_model refuses this before the fit runs
+    one_layer = {**merged, "num_hidden_layers": draft_layers, "first_k_dense_replace": 0}
+    split, repeated = weight_bytes(one_layer, quantized_experts=False, embeddings=False)
+    hidden = _int(merged, "hidden_size")
+    weights = split // tp + repeated + BF16_BYTES * 2 * hidden * hidden * draft_layers
+    kv_dtype = last_value(argv, "--kv-cache-dtype") or "auto"
+    per_token = kv_bytes_per_token(one_layer, kv_dtype, last_value(argv, "--attention-backend"))
+    return weights, per_token * kv_pool_tokens
 
 
 def compute_fit(
@@ -160,6 +222,8 @@ def compute_fit(
     per_token = kv_bytes_per_token(config, kv_dtype, last_value(argv, "--attention-backend"))
     budget = int(gpu_memory * fraction) - per_gpu
     context = last_value(argv, "--context-length") or config.get("max_position_embeddings")
+    pool_tokens = max(budget, 0) // per_token
+    draft_weights, draft_kv = draft_bytes(config, argv, tp, pool_tokens)
     return Fit(
         tp=tp,
         gpu_memory=gpu_memory,
@@ -167,8 +231,10 @@ def compute_fit(
         fraction_source="argv" if fraction_raw else "SGLang default",
         weights_per_gpu=per_gpu,
         kv_bytes_per_token=per_token,
-        kv_pool_tokens=max(budget, 0) // per_token,
+        kv_pool_tokens=pool_tokens,
         min_kv_tokens=int(context or 0),
+        draft_weights_per_gpu=draft_weights,
+        draft_kv_bytes=draft_kv,
     )
 
 
@@ -177,6 +243,15 @@ def check_fit(fit: Fit, profile_name: str, where: str) -> None:
     request's KV."""
     if fit.fits:
         return
+    if fit.kv_pool_tokens >= fit.min_kv_tokens:  # only the MTP draft does not fit
+        raise LaunchError(
+            f"profile '{profile_name}' does not fit {where}: the MTP draft needs "
+            f"{fit.draft_bytes / GIB:.1f} GiB per GPU (NextN layer "
+            f"{fit.draft_weights_per_gpu / GIB:.1f} GiB in BF16, its KV "
+            f"{fit.draft_kv_bytes / GIB:.1f} GiB) outside --mem-fraction-static "
+            f"{fit.mem_fraction_static:g}, which leaves {fit.headroom / GIB:.1f} GiB per GPU "
+            "for it, activations and CUDA graphs; lower the fraction or turn MTP off"
+        )
     usable = fit.gpu_memory * fit.mem_fraction_static / GIB
     weights = fit.weights_per_gpu / GIB
     if fit.kv_pool_tokens == 0:

@@ -145,7 +145,7 @@ def _configure_shape(environment: Environment, session: Session, shape: DecodeSh
     ns = environment.parsed_options
     player = shape.configure(session.options, getattr(ns, "run_time", None))
     player.on_phase = lambda tick, at: session.on_phase(tick, at, environment)
-    player.on_end = session.end_of_run
+    player.on_end = session.close
     player.resolve = session.resolve_rates
     session.player = player
 
@@ -177,17 +177,24 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
     session = find_session(environment)
     if session is None or session.is_worker:
         return
-    from glmserve.loadtest.serverinfo import gather_server_info
+    from glmserve.loadtest.serverinfo import (
+        fetch_spec_metrics,
+        gather_server_info,
+        runs_speculative,
+    )
 
     session.started_at = time.time()
     session.server = gather_server_info(environment.host or "", session.options.build_info)
+    if runs_speculative(session.server):  # MTP: the steps state the server's acceptance
+        host = environment.host or ""
+        session.server_sampler = lambda: fetch_spec_metrics(host)
 
 
 def _on_test_stop(environment: Environment, **_: Any) -> None:
     session = find_session(environment)
     if session is None or session.is_worker:
         return
-    session.end_of_run(time.time())
+    session.close(time.time())
     ns = environment.parsed_options
     if ns is not None and not ns.headless:
         # A web-UI user reads the report after pressing stop, not only when Locust exits.
@@ -213,7 +220,7 @@ def _on_quitting(environment: Environment, **_: Any) -> None:
     session = find_session(environment)
     if session is None or session.is_worker:
         return
-    session.end_of_run(time.time())
+    session.close(time.time())
     _finish(environment, session)
 
 

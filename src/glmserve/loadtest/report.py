@@ -45,7 +45,8 @@ def build_summary(session: Session, host: str) -> tuple[dict[str, Any], list[Ste
         breaches.append("no measured step: the run ended before any measurement window")
     summary: dict[str, Any] = {
         "schema": SCHEMA,
-        "definitions": "docs/metrics.md (TTFT = first content token; TPOT from usage tokens)",
+        "definitions": "docs/metrics.md (TTFT = first content token; TPOT from usage tokens; "
+        "tokens per step and acceptance length as glmserve.streaming defines them)",
         "started_at": _iso(session.started_at),
         "finished_at": _iso(time.time()),
         # False when the run stopped before its last step ended (SIGTERM, Ctrl-C, --run-time):
@@ -131,15 +132,27 @@ def write_report(session: Session, host: str, cwd: str) -> Outcome:
 STEP_COLUMNS = ["step", "streams", "window_s", "requests", "output_tokens_per_s", "requests_per_s"]
 
 
+# Next to TPOT: where its speed comes from under MTP (results.speculative_summary).
+SPEC_COLUMNS = ["tokens_per_step", "accept_length", "accept_length_source", "accept_rate"]
+
+
 def write_steps_csv(path: Path, steps: list[dict[str, Any]]) -> None:
-    stat_cols = [f"{k}_{q}_ms" for k in STAT_KEYS for q in ("p50", "p90", "p99", "mean")]
+    quantiles = ("p50", "p90", "p99", "mean")
+    stat_cols = []
+    for k in STAT_KEYS:
+        stat_cols += [f"{k}_{q}_ms" for q in quantiles]
+        if k == "tpot":
+            stat_cols += SPEC_COLUMNS
     extra = ["goodput_rps", "slo_passed", "failures"]
     with path.open("w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(STEP_COLUMNS + stat_cols + extra)
         for s in steps:
             row = [s[c] for c in STEP_COLUMNS]
-            row += [s[f"{k}_ms"][q] for k in STAT_KEYS for q in ("p50", "p90", "p99", "mean")]
+            for k in STAT_KEYS:
+                row += [s[f"{k}_ms"][q] for q in quantiles]
+                if k == "tpot":
+                    row += ["" if s.get(c) is None else s[c] for c in SPEC_COLUMNS]
             failures = ";".join(f"{r}={n}" for r, n in s["failures"].items())
             row += [s.get("goodput_rps", ""), s.get("slo_passed", ""), failures]
             w.writerow(row)
@@ -168,6 +181,8 @@ def write_requests_csv(path: Path, session: Session) -> None:
                 "ack_ms",
                 "ttft_ms",
                 "tpot_ms",
+                "tokens_per_step",
+                "accept_length",
                 "e2e_ms",
                 "output_tokens",
                 "prompt_tokens",
@@ -187,9 +202,8 @@ def write_requests_csv(path: Path, session: Session) -> None:
                     continue
                 kept[key] = kept.get(key, 0) + 1
                 w.writerow(
-                    [f"{rec.started_at:.6f}", step, 0, rec.reason, "", "", "", "", "", "", 1,
-                     "", rec.turn or ""]
-                )  # fmt: skip
+                    [f"{rec.started_at:.6f}", step, 0, rec.reason, *[""] * 8, 1, "", rec.turn or ""]
+                )
                 continue
             w.writerow(
                 [
@@ -200,6 +214,8 @@ def write_requests_csv(path: Path, session: Session) -> None:
                     _ms(t.ack_s),
                     _ms(t.ttft_s),
                     _ms(t.tpot_s),
+                    _ratio(t.tokens_per_step),
+                    _ratio(t.accept_length),
                     _ms(t.e2e_s),
                     t.output_tokens,
                     t.prompt_tokens,
@@ -209,7 +225,7 @@ def write_requests_csv(path: Path, session: Session) -> None:
                 ]
             )
         for (step, reason), (first, count) in left_out.items():
-            w.writerow([f"{first:.6f}", step, 0, reason, "", "", "", "", "", "", count, "", ""])
+            w.writerow([f"{first:.6f}", step, 0, reason, *[""] * 8, count, "", ""])
 
 
 def _streams(n: int) -> str:
@@ -381,6 +397,10 @@ def _limits(slo: SLO | None) -> dict[str, float | None]:
 
 def _ms(seconds: float | None) -> str:
     return "" if seconds is None or math.isnan(seconds) else f"{seconds * 1e3:.3f}"
+
+
+def _ratio(value: float | None) -> str:
+    return "" if value is None else f"{value:.4f}"
 
 
 def _iso(epoch: float) -> str:

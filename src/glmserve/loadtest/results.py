@@ -56,6 +56,9 @@ class Window:
     start: float
     measure_start: float | None = None
     end: float | None = None
+    # The server's own figures read as the window closed (under MTP: SGLang's acceptance
+    # gauges, glmserve.loadtest.serverinfo.fetch_spec_metrics); None when not read.
+    server: dict[str, float] | None = None
 
     def measured_s(self) -> float:
         if self.measure_start is None or self.end is None:
@@ -79,6 +82,7 @@ class StepResult:
     streams: int
     window_s: float
     aggregate: Aggregate
+    server: dict[str, float] | None = None  # Window.server
 
     def latency_ms(self, key: str) -> list[float]:
         timings = self.aggregate.timings
@@ -108,7 +112,9 @@ def split_steps(windows: list[Window], records: list[RequestRecord]) -> list[Ste
             aggregates[id(w)].add(rec.timing)
         else:
             aggregates[id(w)].fail(rec.reason or "unknown")
-    return [StepResult(w.step, w.streams, w.measured_s(), aggregates[id(w)]) for w in windows]
+    return [
+        StepResult(w.step, w.streams, w.measured_s(), aggregates[id(w)], w.server) for w in windows
+    ]
 
 
 @dataclass(frozen=True)
@@ -156,6 +162,7 @@ def step_summary(step: StepResult, slo: SLO | None) -> dict[str, Any]:
     }
     for key in STAT_KEYS:
         out[f"{key}_ms"] = _clean(summarize(step.latency_ms(key)))
+    out.update(speculative_summary(step))
     if slo is not None:
         ttft = None if slo.ttft_ms is None else slo.ttft_ms / 1e3
         tpot = None if slo.tpot_ms is None else slo.tpot_ms / 1e3
@@ -164,6 +171,27 @@ def step_summary(step: StepResult, slo: SLO | None) -> dict[str, Any]:
         out["slo_passed"] = not breaches
         out["slo_breaches"] = breaches
     return out
+
+
+def speculative_summary(step: StepResult) -> dict[str, Any]:
+    """Where the speed comes from, next to TPOT (glmserve.streaming defines both figures):
+    tokens per decode step as the client saw them, and the acceptance length, from each
+    request's meta_info where the server sent it (/generate), else SGLang's gauge read as the
+    window closed ("server metrics"); None without speculative decoding."""
+    agg, server = step.aggregate, step.server or {}
+    per_request = agg.accept_length()
+    if per_request is not None:
+        accept, source = per_request, "meta_info"
+    elif "accept_length" in server:
+        accept, source = server["accept_length"], "server metrics"
+    else:
+        accept, source = None, None
+    return {
+        "tokens_per_step": agg.tokens_per_step(),
+        "accept_length": accept,
+        "accept_length_source": source,
+        "accept_rate": server.get("accept_rate"),
+    }
 
 
 def _clean(summary: Any) -> dict[str, float | int | None]:

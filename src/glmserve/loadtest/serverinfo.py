@@ -27,12 +27,13 @@ from glmserve import buildinfo, sglang_api
 # A real server info is tens of kilobytes: a body past this is no server info, and an endless
 # one must not hold the run's start (or its memory).
 MAX_INFO_BYTES = 1 << 20
+MAX_METRICS_BYTES = 16 << 20  # SGLang's /metrics, read only under speculative decoding
 
 
-def _read_capped(response: Any) -> bytes:
-    body = response.read(MAX_INFO_BYTES + 1)
-    if len(body) > MAX_INFO_BYTES:
-        raise ValueError(f"answer larger than {MAX_INFO_BYTES} bytes")
+def _read_capped(response: Any, cap: int = MAX_INFO_BYTES) -> bytes:
+    body = response.read(cap + 1)
+    if len(body) > cap:
+        raise ValueError(f"answer larger than {cap} bytes")
     return body
 
 
@@ -63,6 +64,28 @@ def extract(info: dict[str, Any]) -> dict[str, Any]:
     if isinstance(emulator, dict):  # the target is glmserve's emulator, with its timing truth
         out["emulator"] = emulator
     return out
+
+
+def runs_speculative(server: dict[str, Any] | None) -> bool:
+    """Whether the recorded server info says the target runs speculative decoding (MTP)."""
+    return bool((server or {}).get("speculative_algorithm"))
+
+
+def fetch_spec_metrics(base_url: str, timeout_s: float = 5.0) -> dict[str, float] | None:
+    """SGLang's acceptance gauges now (the last decode-log interval: 40 decode steps), as
+    {"accept_length": ..., "accept_rate": ...}; None when /metrics cannot be read."""
+    try:
+        url = base_url.rstrip("/") + sglang_api.METRICS
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+            text = _read_capped(r, MAX_METRICS_BYTES).decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return None
+    gauges = sglang_api.spec_gauges(text)
+    names = {
+        sglang_api.SPEC_ACCEPT_LENGTH: "accept_length",
+        sglang_api.SPEC_ACCEPT_RATE: "accept_rate",
+    }
+    return {names[k]: v for k, v in gauges.items()}
 
 
 def fetch_router_workers(base_url: str, timeout_s: float = 5.0) -> list[dict[str, Any]] | None:

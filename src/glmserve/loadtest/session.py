@@ -7,6 +7,7 @@ import itertools
 import logging
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -39,6 +40,9 @@ class Session:
     # The arrivals of open-loop steps (set by the plugin when a step has a rate).
     open_loop: OpenLoop | None = None
     player: StagePlayer | None = None  # the shape's steps, rates decided as the run goes
+    # Reads the server's own figures as a measured window closes (set on the master when the
+    # target runs MTP: its acceptance gauges); None: nothing to read.
+    server_sampler: Callable[[], dict[str, float] | None] | None = None
     _ids: itertools.count = field(default_factory=itertools.count)
 
     def next_stream_id(self) -> int:
@@ -65,7 +69,10 @@ class Session:
         else:
             log.info("step %d: %.3g requests/s, %d senders, %s", tick.step, tick.rate, tick.users,
                      tick.phase)  # fmt: skip
-        current = self.collector.windows[-1].step if self.collector.windows else None
+        windows = self.collector.windows
+        current = windows[-1].step if windows else None
+        if windows and current != tick.step:
+            self.sample_server()  # the step's window closes now
         if self.open_loop is not None and tick.step != current:
             # A step's arrivals start with its first tick (its warm-up, or its measurement when
             # --warmup-s is 0) and end where the next step begins.
@@ -78,10 +85,21 @@ class Session:
             # Locust's own table then shows this step's steady state only.
             environment.runner.stats.reset_all()
 
-    def end_of_run(self, at: float) -> None:
-        """The shape ended: close the measuring window and the last step's arrivals."""
+    def sample_server(self) -> None:
+        """Record the server's figures on the open window, if it has been measured."""
+        windows = self.collector.windows
+        if self.server_sampler is None or not windows:
+            return
+        window = windows[-1]
+        if window.end is None and window.measure_start is not None:
+            window.server = self.server_sampler()
+
+    def close(self, at: float) -> None:
+        """The run's last window closes (end of the shape, a stop, quitting), and with it the
+        last step's arrivals."""
         if self.open_loop is not None:
             self.open_loop.end()
+        self.sample_server()
         self.collector.close(at)
 
     def resolve_rates(self, stages: list[Stage]) -> list[Stage] | str:
@@ -91,7 +109,8 @@ class Session:
         closed-loop streams with no think time and needs no whole request in the window)."""
         from glmserve.loadtest.arrivals import sweep_rates
 
-        self.collector.close(time.time())  # the throughput step ends here
+        self.sample_server()  # the throughput step ends here
+        self.collector.close(time.time())
         measured = {}
         for step in self.collector.steps():
             stage = stages[step.step] if step.step < len(stages) else None

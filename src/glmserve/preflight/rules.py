@@ -23,8 +23,9 @@ and the series off (FP8_GATHER 0).
                    off every `run()` reads the upstream cast: each switch selects what it says;
   native-decode    the native kernel reads the raw pool through the step's wrapper's own indices
                    and the kv_indptr recorded when that wrapper was planned (`note_plan` after the
-                   plan, of the device indptr whose row count was noted for it); every function
-                   that records plans records every plan it makes; native decode is reachable;
+                   plan, of the device indptr whose row count was noted for it); once any plan
+                   is recorded, every plan is (decode's and speculative batches'); the native
+                   kernel is reachable;
   structure        what the rules need to find at all (the import, the class, a plan site).
 
 The report also says which FlashInfer MLA backends the wrappers may plan with, the series on
@@ -407,19 +408,22 @@ def _check_plans(module: Module, on_configs: list[Config], report: Report) -> bo
     """plan-rows, and the native plan records; True when any plan is recorded for native."""
     # (line, indptr) -> the failing paths' conditions: one problem per plan site and value.
     misses: dict[tuple[int, Value], list[tuple[Event, str]]] = {}
-    recorded = False
+    planning: list[list[Path]] = []  # per function, its paths with the native mode on
     for cls, fn in module.function_items():
         if cls is None and fn.name in module.plan_impls:
             continue  # the plan implementation itself; its callers are the plan sites
         for config in [SERIES_OFF, *on_configs]:
             paths = _paths(module, cls, fn, config, inline=False)
             _off_calls(paths, config, report)
-            if config is not on_configs[0]:
-                continue
-            records = _events(paths, "native_note")
-            recorded = recorded or bool(records)
-            for path in paths:
-                _check_path_plans(path, misses, report, must_record=bool(records))
+            if config is on_configs[0]:
+                planning.append(paths)
+    # Once any plan is recorded for the native kernel, every plan anywhere must be: a wrapper
+    # planned without a record would keep whatever an earlier plan of it recorded (decode and
+    # speculative batches are recorded by different functions, and either could be lost).
+    recorded = any(_events(paths, "native_note") for paths in planning)
+    for paths in planning:
+        for path in paths:
+            _check_path_plans(path, misses, report, must_record=recorded)
     for (line, want), failed in sorted(misses.items(), key=lambda kv: kv[0][0]):
         ev, why = min(failed, key=lambda f: len(f[0].data["fact_text"]))
         cond = " and ".join(ev.data["fact_text"].values())

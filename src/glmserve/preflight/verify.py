@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{prog}: ok: {args.rules_only.name} passes the backend rules "
             f"(run sites {len(report.run_sites)}, plan sites {len(report.plan_sites)}, "
-            f"native decode sites {len(report.native_sites)})"
+            f"native kernel sites {len(report.native_sites)})"
         )
         return 0
     if not args.target.is_dir():

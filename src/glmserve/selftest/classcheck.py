@@ -15,7 +15,9 @@ Cases, each on several layers with their own pools of real-valued latents quanti
 softmax is spread and a wrong row changes the output, not only an argmax):
   * eager decode: scattered slots, a radix-shared prefix, the last pool row, a long context;
   * paged extend with a prefix (causal, several query tokens per request);
-  * target verify (speculative decoding: an EAGLE verify input, its own wrapper);
+  * target verify (speculative decoding: an EAGLE verify input, its own wrapper), eagerly and
+    in one CUDA graph captured once and replayed with other lengths (the native kernel must read
+    each replay's plan: the speculative indptrs are new tensors every step);
   * decode in one CUDA graph captured once, replayed with other lengths through SGLang's
     `init_forward_metadata_replay_cuda_graph` (its `fast_mla_decode_plan`).
 The shadow is poisoned with NaN before every call and every replay, so a row the wiring failed
@@ -115,10 +117,10 @@ class BackendApi:
     @staticmethod
     def capture(backend: Any, cap: Any) -> None:
         """Plan the batch a CUDA graph is captured with (before the capture)."""
-        bs = cap.batch_size
         backend.init_forward_metadata_capture_cuda_graph(
-            bs, bs, cap.req_pool_indices, cap.seq_lens, None, cap.forward_mode, None
-        )
+            cap.batch_size, cap.positions.numel(), cap.req_pool_indices, cap.seq_lens, None,
+            cap.forward_mode, cap.spec_info,
+        )  # fmt: skip
 
     @staticmethod
     def in_graph(backend: Any, cap: Any) -> None:
@@ -129,7 +131,7 @@ class BackendApi:
         """Plan a replay of the captured graph with `fb`'s lengths."""
         backend.init_forward_metadata_replay_cuda_graph(
             fb.batch_size, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_sum, None,
-            fb.forward_mode, None, fb.seq_lens_cpu,
+            fb.forward_mode, fb.spec_info, fb.seq_lens_cpu,
         )  # fmt: skip
 
 
@@ -211,6 +213,7 @@ class Geometry:
     extend_q: tuple[int, ...] = (2, 5, 1, 3)
     extend_prefix: tuple[int, ...] = (100, 300, 2000, 0)
     verify_lens: tuple[int, ...] = (40, 700, 1, 129)
+    verify_replay_lens: tuple[tuple[int, ...], ...] = ((1, 2000, 300, 77), (600,) * 4)
     draft_tokens: int = 3
     shared_prefix: int = 300
 
@@ -219,13 +222,15 @@ class Geometry:
 WARM = Geometry(
     pool_rows=5003, max_ctx=512, decode_lens=(100, 40, 512, 1), replay_lens=((1, 512, 40, 7),),
     extend_prefix=(30, 60, 400, 0), verify_lens=(20, 90, 1, 33),
+    verify_replay_lens=((1, 300, 40, 7),),
 )  # fmt: skip
 # The CPU tests: the Triton interpreter and a torch reference are slow.
 SMALL = Geometry(
     heads=2, pool_rows=1500, layers=2, max_reqs=16, max_ctx=256,
     decode_lens=(120, 40, 256, 1), replay_lens=((1, 200, 40, 7), (256,) * 4),
     capture_len=16, extend_q=(2, 3, 1, 2), extend_prefix=(30, 60, 100, 0),
-    verify_lens=(20, 90, 1, 33), draft_tokens=2, shared_prefix=30,
+    verify_lens=(20, 90, 1, 33), verify_replay_lens=((1, 200, 40, 7),), draft_tokens=2,
+    shared_prefix=30,
 )  # fmt: skip
 
 
@@ -364,6 +369,8 @@ def _configured(world: _World, fi_backend: str) -> Iterator[None]:
         # Extends without a prefix would take the ragged wrapper, which never reads the pool.
         flashinfer_mla_disable_ragged=True,
         page_size=1,
+        # The verify cases' draft tokens: the host bound the native kernel is planned with.
+        speculative_num_draft_tokens=world.geo.draft_tokens,
     )
     settings = api.settings(args)
     saved = {name: getattr(fmb, name) for name in (*settings, "BatchMLAPagedAttentionWrapper")}
@@ -484,6 +491,26 @@ def _reference(world: _World, fb: Any, qs: list[Any]) -> list[Any]:
             qb = q[b].view(geo.heads, ROW).double()
             logits = (qb[:, :CKV] @ kv[:, :CKV].T + qb[:, CKV:] @ kv[:, CKV:].T) * SM_SCALE
             rows.append(logits.softmax(-1) @ kv[:, :CKV])
+        outs.append(torch.stack(rows))
+    return outs
+
+
+def _verify_reference(world: _World, fb: Any, qs: list[Any]) -> list[Any]:
+    """Target verify in fp64: request b's draft token t sees its first seq_len + t + 1 slots."""
+    torch, geo = world.torch, world.geo
+    k = geo.draft_tokens
+    reqs, lens = fb.req_pool_indices.tolist(), fb.seq_lens.tolist()
+    outs = []
+    for q, pool in zip(qs, world.pools, strict=True):
+        rows = []
+        for b, (req, n) in enumerate(zip(reqs, lens, strict=True)):
+            slots = world.req_to_token[req, : n + k].long()
+            kv = pool.view(torch.uint8)[slots].view(torch.float8_e4m3fn).double()[:, 0]
+            for t in range(k):
+                seen = kv[: n + t + 1]
+                qb = q[b * k + t].view(geo.heads, ROW).double()
+                logits = (qb[:, :CKV] @ seen[:, :CKV].T + qb[:, CKV:] @ seen[:, CKV:].T) * SM_SCALE
+                rows.append(logits.softmax(-1) @ seen[:, :CKV])
         outs.append(torch.stack(rows))
     return outs
 
@@ -611,26 +638,102 @@ def _case_extend(world: _World, patched: Any, upstream: Any) -> None:
     world.lines.append(f"paged extend ({sum(geo.extend_q)} query tokens over prefixes)")
 
 
+def _verify_batch(world: _World, reqs: list[int], lens: tuple[int, ...]) -> Any:
+    """A target-verify batch: `lens` tokens in the cache per request, then its draft tokens."""
+    torch, dev, k = world.torch, world.parts.device, world.geo.draft_tokens
+    seq = _seq(torch, lens, dev)
+    return SimpleNamespace(
+        forward_mode=world.parts.backend.ForwardMode.TARGET_VERIFY, batch_size=len(reqs),
+        req_pool_indices=torch.tensor(reqs, dtype=torch.int64, device=dev),
+        seq_lens=seq, seq_lens_cpu=seq.cpu(), seq_lens_sum=int(sum(lens)),
+        extend_prefix_lens=None, extend_prefix_lens_cpu=[0] * len(reqs),
+        attn_attend_prefix_cache=None, token_to_kv_pool=world.kv_pool, out_cache_loc=None,
+        spec_info=world.parts.verify_input(k), attn_dcp_metadata=None,
+        positions=torch.zeros(len(reqs) * k, dtype=torch.int64, device=dev),
+    )  # fmt: skip
+
+
+def _native_ran(world: _World, backend: Any, patched: Any, before: int, what: str) -> None:
+    """The native kernel ran once per layer for the patched class in native mode, else never."""
+    ran = world.native_calls - before
+    wanted = len(world.layers) if backend is patched and world.mode == "native" else 0
+    if ran != wanted:
+        who = "patched" if backend is patched else "upstream"
+        raise WiringFailure(
+            f"{what}: the native kernel ran {ran} times for {len(world.layers)} layers with "
+            f"{FP8_ATTENTION.name}={world.mode} ({who})"
+        )
+
+
+def _judge_verify(world: _World, name: str, fb: Any, qs: list[Any], got, want) -> None:
+    """Bitwise for gather-then-cast; against fp64 (causal) for the native kernel."""
+    if world.mode == "native":
+        _close(world, name, got, want, _verify_reference(world, fb, qs))
+    else:
+        _compare(world, name, got, want)
+
+
 def _case_verify(world: _World, patched: Any, upstream: Any) -> None:
-    torch, geo, dev = world.torch, world.geo, world.parts.device
+    geo = world.geo
     reqs = [8 + i for i in range(len(geo.verify_lens))]
-    seq = _seq(torch, geo.verify_lens, dev)
     k = geo.draft_tokens
     results = []
     qs = _queries(world, len(reqs) * k)
     for backend, poison in ((patched, True), (upstream, False)):
-        fb = SimpleNamespace(
-            forward_mode=world.parts.backend.ForwardMode.TARGET_VERIFY, batch_size=len(reqs),
-            req_pool_indices=torch.tensor(reqs, dtype=torch.int64, device=dev),
-            seq_lens=seq, seq_lens_cpu=seq.cpu(), seq_lens_sum=int(sum(geo.verify_lens)),
-            extend_prefix_lens=None, extend_prefix_lens_cpu=[0] * len(reqs),
-            attn_attend_prefix_cache=None, token_to_kv_pool=world.kv_pool, out_cache_loc=None,
-            spec_info=world.parts.verify_input(k), attn_dcp_metadata=None,
-        )  # fmt: skip
+        fb = _verify_batch(world, reqs, geo.verify_lens)
         _plan(backend, poison, lambda b=backend, f=fb: b.init_forward_metadata(f))
+        before = world.native_calls
         results.append(_extend(world, backend, fb, qs, poison))
-    _compare(world, "target verify", *results)
+        _native_ran(world, backend, patched, before, "target verify")
+    _judge_verify(world, "target verify", _verify_batch(world, reqs, geo.verify_lens), qs,
+                  *results)  # fmt: skip
     world.lines.append(f"target verify ({len(reqs)} requests x {k} draft tokens)")
+
+
+def _case_verify_graph(world: _World, patched: Any, upstream: Any) -> None:
+    """Target verify captured in a CUDA graph once, replayed with other lengths after SGLang's
+    replay planning: the native kernel must read each replay's plan, not the captured one."""
+    torch, geo, parts = world.torch, world.geo, world.parts
+    api = parts.api
+    bs = len(geo.verify_lens)
+    reqs = [8 + i for i in range(bs)]
+    qs = _queries(world, bs * geo.draft_tokens)
+    cap = _verify_batch(world, reqs, (geo.capture_len,) * bs)
+    captured = {}
+    for name, backend in (("patched", patched), ("upstream", upstream)):
+        backend.init_cuda_graph_state(geo.max_reqs, geo.max_reqs * geo.draft_tokens)
+        _plan(backend, name == "patched", lambda b=backend: api.capture(b, cap))
+        api.in_graph(backend, cap)
+        outs = _extend(world, backend, cap, qs, False)  # eager warm-up: compiles, allocates
+        graph = None
+        if parts.real_graphs:
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                api.in_graph(backend, cap)
+                outs = _extend(world, backend, cap, qs, False)
+        captured[name] = (backend, graph, outs)
+    for lens in geo.verify_replay_lens:
+        results = {}
+        for name, (backend, graph, outs) in captured.items():
+            fb = _verify_batch(world, reqs, lens)
+            _plan(backend, name == "patched", lambda b=backend, f=fb: api.replay(b, f))
+            if name == "patched":
+                _poison(world)
+            if graph is not None:
+                for o in outs:
+                    o.fill_(float("nan"))
+                graph.replay()
+                torch.cuda.synchronize()
+                results[name] = [o.clone() for o in outs]
+            else:  # CPU: the captured batch and buffers, run again after the replay plan
+                results[name] = _extend(world, backend, cap, qs, name == "patched")
+        _judge_verify(
+            world, f"CUDA-graph target verify with lengths {list(lens)}",
+            _verify_batch(world, reqs, lens), qs, results["patched"], results["upstream"],
+        )  # fmt: skip
+    how = "captured once" if parts.real_graphs else "emulated (no GPU)"
+    world.lines.append(f"CUDA-graph target verify {how}, {len(geo.verify_replay_lens)} replays")
 
 
 def _case_graph(world: _World, patched: Any, upstream: Any) -> None:
@@ -682,7 +785,7 @@ def _case_graph(world: _World, patched: Any, upstream: Any) -> None:
     world.lines.append(f"CUDA-graph decode {how}, {len(geo.replay_lens)} fast-plan replays")
 
 
-CASES = (_case_decode, _case_extend, _case_verify, _case_graph)
+CASES = (_case_decode, _case_extend, _case_verify, _case_graph, _case_verify_graph)
 
 
 def _world(torch: Any, parts: Parts, geo: Geometry, seed: int) -> _World:

@@ -68,6 +68,27 @@ def fp64_decode_attention(
     return out
 
 
+def fp64_causal_attention(
+    torch: Any, q_nope, q_pe, pool, qo_indptr, kv_indptr, kv_indices, sm_scale: float = SM_SCALE
+) -> Any:
+    """The definition with several query tokens per request (speculative target verify, draft
+    extend), in fp64: request b's token t of q_len sees its slot positions 0 .. kv_len - q_len
+    + t (causal, aligned to the end); a token no request owns, or of an empty request, is zeros."""
+    kv = pool.view(pool.shape[0], 576)
+    kv_bounds, q_bounds = kv_indptr.tolist(), qo_indptr.tolist()
+    out = torch.zeros(q_nope.shape, dtype=torch.float64, device=q_nope.device)
+    for b in range(len(q_bounds) - 1):
+        rows = kv[kv_indices[kv_bounds[b] : kv_bounds[b + 1]].long()].double()
+        q_len = q_bounds[b + 1] - q_bounds[b]
+        for t in range(q_len):
+            seen = rows[: rows.shape[0] - q_len + t + 1]
+            if seen.shape[0]:
+                token = q_bounds[b] + t
+                q = torch.cat([q_nope[token], q_pe[token]], dim=-1).double()
+                out[token] = torch.softmax((q @ seen.T) * sm_scale, dim=-1) @ seen[:, :512]
+    return out
+
+
 def _worst_row_error(torch: Any, out, ref, lens: list[int]) -> float:
     live = torch.tensor(lens, device=out.device) > 0
     o, r = out.double()[live], ref[live]

@@ -9,6 +9,10 @@ itself). The diffs are never copied: for every version, regen applies the source
 fuzz to the files of THAT version's wheel, reverts them back, and compiles the result; only then
 does the lock record the sha256 of every patch and of every target file before and after, per
 version. A `patches/<version>/` left over from the per-version copies of old is stale and removed.
+
+The kernels a series adds are generated: regen first renders each one's added-file section from
+its single source in `src/glmserve/kernels/` (glmserve.series.kernels), so `--check` also fails
+when a diff carries a copy that differs from the source.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 
 from glmserve.series.detect import detect_version
 from glmserve.series.errors import PatchError
+from glmserve.series.kernels import generate
 from glmserve.series.lock import (
     LOCK_FORMAT,
     LOCK_NAME,
@@ -58,10 +63,12 @@ def read_sources(patches_dir: Path) -> dict[str, str]:
 
 
 def _source_patches(patches_dir: Path, source: str) -> list[tuple[str, bytes]]:
+    """The source series' patches as they must be: every kernel they add rendered from its one
+    source in glmserve.kernels (glmserve.series.kernels)."""
     found = sorted((patches_dir / source).glob("*.patch"))
     if not found:
         raise PatchError(f"series {source} has no *.patch files in {patches_dir / source}")
-    return [(p.name, p.read_bytes()) for p in found]
+    return [(p.name, generate(p.read_bytes())) for p in found]
 
 
 def _lock_entry(
@@ -109,7 +116,8 @@ def _lock_entry(
 def regenerate(
     patches_dir: Path, cache_dir: Path | None = None, *, download: bool = True
 ) -> tuple[dict[str, bytes], list[str]]:
-    """Desired contents {path relative to patches_dir: bytes} (the lock) and stale files to delete."""
+    """Desired contents {path relative to patches_dir: bytes} (the lock and the source series'
+    patches, kernels generated) and stale files to delete."""
     cache = cache_dir or default_cache_dir()
     sources = read_sources(patches_dir)
     outputs: dict[str, bytes] = {}
@@ -117,6 +125,7 @@ def regenerate(
     for version, source in sorted(sources.items()):
         patches = _source_patches(patches_dir, source)
         entries[version] = _lock_entry(version, source, patches, cache, download)
+        outputs.update({f"{source}/{name}": data for name, data in patches})
     lock = {"comment": LOCK_COMMENT, "format": LOCK_FORMAT, "series": entries}
     outputs[LOCK_NAME] = (json.dumps(lock, indent=2, sort_keys=True) + "\n").encode()
     # Only directories named after a listed, non-source version: a series being ported for an

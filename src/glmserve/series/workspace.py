@@ -8,6 +8,8 @@
 `open` extracts every file the source series touches from the wheel the source was made against
 (the source directory's name is that SGLang version) into `a/`, and the same files with the
 current series applied by the real apply tool into `b/`, so `b/` is byte for byte what ships.
+The kernels the series adds (glmserve.series.kernels) are not edited here: `diff` writes b/'s
+copies from their one source, src/glmserve/kernels/, and refuses a copy edited in b/.
 `diff` writes `git diff --no-index --no-prefix a/sglang b/sglang` (git's configuration ignored,
 so every machine writes the same bytes) under the old patch's preamble, after checking that the
 strict applier turns `a/` into exactly `b/` with it. With no edit, `diff` reproduces the committed
@@ -33,7 +35,14 @@ from pathlib import Path
 
 from glmserve.series.engine import apply
 from glmserve.series.errors import PatchError
-from glmserve.series.lock import MARKER_REL, default_patches_dir, load_series, read_optional
+from glmserve.series.kernels import KERNEL_FILES, kernel_source
+from glmserve.series.lock import (
+    MARKER_REL,
+    default_patches_dir,
+    load_series,
+    read_optional,
+    sha256_optional,
+)
 from glmserve.series.regen import read_sources
 from glmserve.series.udiff import apply_file_patch, parse_patch
 from glmserve.series.wheels import default_cache_dir, extract_site, fetch_wheel
@@ -84,9 +93,39 @@ def open_workspace(
     apply(workdir / "b", patches_dir)
     (workdir / "b" / MARKER_REL).unlink()  # apply's bookkeeping, not part of the diff
     _drop_bytecode(workdir)
-    state = {"source": source, "patches": [name for name, _ in series.patches]}
+    state = {
+        "source": source,
+        "patches": [name for name, _ in series.patches],
+        "kernels": _kernel_hashes(workdir / "b"),
+    }
     (workdir / STATE_NAME).write_text(json.dumps(state, indent=2) + "\n")
     return workdir
+
+
+def _kernel_hashes(tree: Path) -> dict[str, str | None]:
+    """sha256 of each generated kernel file in `tree` (None: absent), as `open` left them."""
+    return {rel: sha256_optional(read_optional(tree / rel)) for rel in sorted(KERNEL_FILES)}
+
+
+def _refresh_kernels(workdir: Path, opened: dict[str, str | None]) -> None:
+    """b/'s kernel copies become their sources; a copy edited in b/ is refused (it would be lost).
+
+    The kernels are generated into every line's diff from src/glmserve/kernels/, so a work area
+    edits the wiring only; `opened` is what `open` put there (a newer source replaces it)."""
+    for rel in sorted(KERNEL_FILES):
+        target = workdir / "b" / rel
+        current = read_optional(target)
+        if current is None:
+            continue
+        source = kernel_source(rel)
+        if current == source:
+            continue
+        if sha256_optional(current) != opened.get(rel):
+            raise PatchError(
+                f"{target} was edited; the kernels have one source: edit "
+                f"src/glmserve/kernels/{KERNEL_FILES[rel]} (regen writes it into every line's diff)"
+            )
+        target.write_bytes(source)
 
 
 def _open_new(
@@ -120,7 +159,12 @@ def _open_new(
     names = [name for name, _ in base.patches]
     if len(names) != 1:
         raise PatchError(f"series {new_from} has {len(names)} patches; start from a one-patch one")
-    state = {"source": source, "patches": names, "preamble_from": new_from}
+    state = {
+        "source": source,
+        "patches": names,
+        "preamble_from": new_from,
+        "kernels": _kernel_hashes(workdir / "b"),
+    }
     (workdir / STATE_NAME).write_text(json.dumps(state, indent=2) + "\n")
     return workdir
 
@@ -156,6 +200,7 @@ def workspace_diff(workdir: Path, patches_dir: Path) -> tuple[Path, bool]:
         state = json.loads((workdir / STATE_NAME).read_text())
         source, names = str(state["source"]), list(state["patches"])
         preamble_from = state.get("preamble_from")
+        opened_kernels = dict(state.get("kernels", {}))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         raise PatchError(f"{workdir} is not a work area made by `open`") from None
     if len(names) != 1:
@@ -171,6 +216,7 @@ def workspace_diff(workdir: Path, patches_dir: Path) -> tuple[Path, bool]:
     )
     if template is None:
         raise PatchError(f"{target} does not exist")
+    _refresh_kernels(workdir, opened_kernels)
     body = _git_diff(workdir)
     if not body:
         raise PatchError(f"a/ and b/ in {workdir} are identical: the patch would be empty")
