@@ -150,6 +150,8 @@ def test_rate_sweep_draws_the_pareto_plot_and_the_goodput_table(tmp_path: Path) 
     ]
     assert data["slo_per_user_tokens_per_s"] == pytest.approx(1000 / 15)
     assert png_problems(png) == []
+    # The concurrency plot is for closed-loop sweeps: these steps differ by rate, not streams.
+    assert not (report / "sweep.png").exists()
 
 
 def test_multi_turn_reports_the_servers_cached_tokens_per_turn_and_repeats(tmp_path: Path) -> None:

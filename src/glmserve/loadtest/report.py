@@ -120,7 +120,10 @@ def write_report(session: Session, host: str, cwd: str) -> Outcome:
     slo = SLO(opts.slo_ttft_ms, opts.slo_tpot_ms, opts.slo_percentile) if opts.slo_set else None
     write_goodput_csv(directory / "goodput.csv", summary["steps"])
     try:
-        write_plots(directory, steps, slo, None if session.complete else session.stopped_by)
+        by_streams = not opts.open_loop and opts.repeats == 1
+        incomplete = None if session.complete else session.stopped_by
+        labels = [str(d.get("label") or _streams(d["streams"])) for d in summary["steps"]]
+        write_plots(directory, steps, slo, incomplete, by_streams, labels)
         if len(summary["steps"]) > 1:
             write_pareto(directory, summary["steps"], opts.slo_tpot_ms)
     except ImportError as exc:  # matplotlib is in the loadtest extra; plots are optional
@@ -284,15 +287,19 @@ def write_plots(
     steps: list[StepResult],
     slo: SLO | None = None,
     incomplete: str | None = None,
+    by_streams: bool = True,
+    labels: list[str] | None = None,
 ) -> list[Path]:
-    """latency_histograms.png, and sweep.png when there is more than one step."""
+    """latency_histograms.png, and sweep.png when there is more than one step and the steps
+    differ by their stream count alone (`by_streams`; open-loop and repeated steps are drawn
+    by pareto.png instead)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only; never open a window
     import matplotlib.pyplot as plt
 
-    figures = [("latency_histograms.png", latency_figure(steps, slo, incomplete))]
-    if len(steps) > 1:
+    figures = [("latency_histograms.png", latency_figure(steps, slo, incomplete, labels))]
+    if len(steps) > 1 and by_streams:
         figures.append(("sweep.png", sweep_figure(steps, slo, incomplete)))
     written = []
     for name, fig in figures:
@@ -302,7 +309,12 @@ def write_plots(
     return written
 
 
-def latency_figure(steps: list[StepResult], slo: SLO | None, incomplete: str | None) -> Any:
+def latency_figure(
+    steps: list[StepResult],
+    slo: SLO | None,
+    incomplete: str | None,
+    labels: list[str] | None = None,
+) -> Any:
     """TTFT, TPOT and ITL histograms, one outline per step."""
     import matplotlib.pyplot as plt
 
@@ -315,10 +327,11 @@ def latency_figure(steps: list[StepResult], slo: SLO | None, incomplete: str | N
         # One set of bin edges for every step, so their histograms compare bar for bar.
         lo, hi = (min(every), max(every)) if every else (0.0, 1.0)
         edges = [lo + (hi - lo) * i / 50 for i in range(51)] if hi > lo else 50
-        for step in steps:
+        for i, step in enumerate(steps):
             values = step.latency_ms(key)
             ok, bad = len(step.aggregate.timings), sum(step.aggregate.failures.values())
-            label = f"{_streams(step.streams)}: {ok} ok" + (f", {bad} failed" if bad else "")
+            name = labels[i] if labels else _streams(step.streams)  # a step's load: streams or rate
+            label = f"{name}: {ok} ok" + (f", {bad} failed" if bad else "")
             if values:
                 ax.hist(values, bins=edges, histtype="step", label=label)
                 drawn = True
