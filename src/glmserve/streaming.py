@@ -14,6 +14,9 @@ report are the same quantity. Definitions (see docs/metrics.md for how other too
   arrive together with the first token contribute zero gaps. Hence mean(ITL) == TPOT exactly.
 - e2e: request sent -> end of stream.
 - decode tok/s of one stream: 1 / TPOT.  output tok/s of one stream: N_out / e2e.
+- per-user tok/s of a window: the mean of 1 / TPOT over its requests; output tok/s of a
+  window: its requests' N_out summed over the window's length (Aggregate).
+- goodput: requests per second that met every SLO set (Aggregate.goodput).
 - tokens per step: output tokens after the first token-carrying event / token-carrying events
   after it: what one decode step delivered to the client. 1 without speculative decoding (at
   SGLang's default --stream-interval 1); with MTP, the accepted drafts + 1 of each verify pass,
@@ -84,6 +87,9 @@ class StreamRequest:
     temperature: float = 0.0
     # Token ids instead of text (the generate route only): exact prompt lengths for benchmarks.
     input_ids: tuple[int, ...] | None = None
+    # A whole conversation, (role, content) oldest first, instead of `prompt` (the chat route
+    # only): a multi-turn load test's turn carries every turn before it.
+    messages: tuple[tuple[str, str], ...] | None = None
 
     @property
     def path(self) -> str:
@@ -92,6 +98,8 @@ class StreamRequest:
     def payload(self) -> dict[str, Any]:
         if self.input_ids is not None and self.route != "generate":
             raise ValueError("input_ids need the generate route")
+        if self.messages is not None and self.route != "chat":
+            raise ValueError("messages need the chat route")
         if self.route == "generate":
             prompt: dict[str, Any] = (
                 {"text": self.prompt}
@@ -116,7 +124,8 @@ class StreamRequest:
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         }
         if self.route == "chat":
-            body["messages"] = [{"role": "user", "content": self.prompt}]
+            turns = self.messages if self.messages is not None else (("user", self.prompt),)
+            body["messages"] = [{"role": role, "content": text} for role, text in turns]
         else:
             body["prompt"] = self.prompt
         return body
@@ -443,13 +452,63 @@ class Aggregate:
 
     def goodput(self, window_s: float, slo_ttft_s: float | None, slo_tpot_s: float | None) -> float:
         """Requests per second that met both SLOs (an unset SLO always holds)."""
-        good = sum(
+        good = self.good(slo_ttft_s, slo_tpot_s)
+        return good / window_s if window_s > 0 else 0.0
+
+    def good(self, slo_ttft_s: float | None, slo_tpot_s: float | None) -> int:
+        """How many timed requests met both SLOs (an unset SLO always holds)."""
+        return sum(
             1
             for t in self.timings
             if (slo_ttft_s is None or t.ttft_s <= slo_ttft_s)
             and (slo_tpot_s is None or (t.tpot_s or 0.0) <= slo_tpot_s)
         )
-        return good / window_s if window_s > 0 else 0.0
+
+    def per_user_tokens_per_s(self) -> float:
+        """Decode speed one user sees: the mean over requests of 1 / TPOT (requests with one
+        output token have no TPOT and are left out); nan with none. The y axis of the Pareto
+        plot, against output_tokens_per_s, the whole server's."""
+        speeds = [t.decode_tokens_per_s for t in self.timings if t.decode_tokens_per_s]
+        return sum(speeds) / len(speeds) if speeds else math.nan
+
+
+def t_quantile(p: float, df: int) -> float:
+    """Student's t quantile (stdlib only): the x with P(T <= x) = p, by bisection on the CDF,
+    which is 1/2 plus the density integrated from 0 (Simpson's rule; 1e-6 is plenty here)."""
+    if not 0.5 <= p < 1 or df < 1:
+        raise ValueError(f"need 0.5 <= p < 1 and df >= 1, got p={p}, df={df}")
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def density(x: float) -> float:
+        return math.exp(log_c - (df + 1) / 2 * math.log1p(x * x / df))
+
+    def cdf(x: float, n: int = 2000) -> float:
+        h = x / n
+        total = density(0.0) + density(x)
+        total += sum((4 if i % 2 else 2) * density(i * h) for i in range(1, n))
+        return 0.5 + total * h / 3
+
+    lo, hi = 0.0, 1.0
+    while cdf(hi) < p:
+        lo, hi = hi, hi * 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def confidence_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:
+    """Two-sided Student-t interval for the mean of independent repeats (None below two):
+    mean +- t(level, n-1) x sd / sqrt(n). The report puts it on each level's headline figures
+    across --repeats runs."""
+    vals = [v for v in values if v is not None and not math.isnan(v)]
+    n = len(vals)
+    if n < 2:
+        return None
+    mean = sum(vals) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1))
+    half = t_quantile(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
+    return mean - half, mean + half
 
 
 def time_stream(

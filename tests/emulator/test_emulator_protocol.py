@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 from support.sse import json_events
@@ -247,3 +249,38 @@ def _drop_created(chunk: bytes) -> bytes:
     import re
 
     return re.sub(rb'"created":\d+', b'"created":0', chunk)
+
+
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_cache_report_puts_prefix_hits_in_usage_like_sglang(route):
+    """--enable-cache-report: a prompt that repeats an earlier one reports its cached prefix in
+    usage.prompt_tokens_details (omitted at 0, as SGLang's UsageProcessor); without the flag
+    the field stays null, and the client's timer reads it either way."""
+    long = "The conversation so far, long enough to fill several prefix pages. " * 8
+    if route == "chat":
+        body = {**CHAT, "messages": [{"role": "user", "content": long}]}
+        path = "/v1/chat/completions"
+    else:
+        body = {"model": "glm", "prompt": long, "max_tokens": 4, "ignore_eos": True, "stream": True}
+        path = "/v1/completions"
+    body["stream_options"] = {"include_usage": True}
+    seen = {}
+    for report in (True, False):
+        with emulator_thread(tpot_ms=1.0, ttft_ms=1.0, enable_cache_report=report) as e:
+            usages = []
+            for _ in range(2):
+                events, _ = json_events(httpx.post(e.url + path, json=body, timeout=30).content)
+                usages.append(events[-1]["usage"])
+            seen[report] = usages
+    first, second = seen[True]
+    # Null keys are dropped from the completions usage chunk (exclude_none), kept in chat's.
+    assert first.get("prompt_tokens_details") is None  # nothing cached yet
+    cached = second["prompt_tokens_details"]["cached_tokens"]
+    assert 0 < cached < second["prompt_tokens"]
+    assert [u.get("prompt_tokens_details") for u in seen[False]] == [None, None]
+    timer = StreamTimer(0.0)
+    content = {"choices": [{"index": 0, "delta": {"content": "x"}}]}
+    timer.feed(f"data: {json.dumps(content)}\n\n".encode(), 0.1)
+    final = {"choices": [], "usage": second}
+    timer.feed(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode(), 0.2)
+    assert timer.finish(0.2).cached_tokens == cached

@@ -21,6 +21,7 @@ from support.launch import (
     RTX,
     TINY_MODEL,
     gpus_like,
+    model_fixture,
     pinned_sglang_parser,
 )
 
@@ -165,7 +166,7 @@ def test_dry_run_tiny_profiles_default_to_the_shipped_model(launch, profile):
 @pytest.mark.parametrize("profile", PROFILE_NAMES)
 def test_every_profile_dry_runs_against_its_model(launch, profile):
     """The image check runs exactly this for every profile; it must pass for all of them."""
-    model = [] if profile.startswith("tiny") else GLM_ARGS
+    model = [] if profile.startswith("tiny") else ["--model-path", str(model_fixture(profile))]
     if load_profile(PROFILES_DIR, profile).nodes > 1:  # refuses to plan without its rank
         model = [*model, "--node-rank", "0", "--dist-init-addr", "10.0.0.1:5000"]
     (version,) = sglang_versions(load_profile(PROFILES_DIR, profile))  # the image of its line

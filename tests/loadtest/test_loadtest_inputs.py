@@ -6,23 +6,28 @@ from pathlib import Path
 
 import pytest
 
-from glmserve.loadtest.options import OptionsError
-from glmserve.loadtest.prompts import PromptSource, load_prompt_file
+from glmserve.loadtest.options import LoadTestOptions, OptionsError
+from glmserve.loadtest.prompts import load_prompt_file, user_rng
 from glmserve.loadtest.serverinfo import extract
+from glmserve.loadtest.workload import Workload
+
+
+def prompts_of(workload: Workload, seed: int | None, stream_id: int, n: int) -> list[str]:
+    rng = user_rng(seed, stream_id)
+    return [workload.next_request(rng).text for _ in range(n)]
 
 
 def test_synthetic_prompt_has_the_requested_word_count_and_a_fresh_prefix() -> None:
-    src = PromptSource(input_tokens=50, seed=1)
-    a, b = src.next(), src.next()
+    a, b = prompts_of(Workload(LoadTestOptions(input_tokens=50)), 1, 0, 2)
     assert len(a.split()) == 50
     assert a.split()[0] != b.split()[0]  # no radix-cache hit on the prefix
 
 
 def test_seed_makes_prompts_reproducible_per_stream() -> None:
-    run1 = [PromptSource(20, seed=7, stream_id=3).next() for _ in range(2)]
-    run2 = [PromptSource(20, seed=7, stream_id=3).next() for _ in range(2)]
-    assert run1 == run2
-    assert PromptSource(20, seed=7, stream_id=4).next() != run1[0]
+    workload = Workload(LoadTestOptions(input_tokens=20))
+    run1 = prompts_of(workload, 7, 3, 2)
+    assert run1 == prompts_of(workload, 7, 3, 2)
+    assert prompts_of(workload, 7, 4, 1)[0] != run1[0]
 
 
 def test_prompt_file_lines_are_used(tmp_path: Path) -> None:
@@ -30,7 +35,7 @@ def test_prompt_file_lines_are_used(tmp_path: Path) -> None:
     f.write_text('{"prompt": "a b"}\n\n{"text": "c"}\n')
     prompts = load_prompt_file(str(f))
     assert prompts == ["a b", "c"]
-    assert PromptSource(5, prompts, seed=1).next() in prompts
+    assert set(prompts_of(Workload(LoadTestOptions(), prompts), 1, 0, 20)) == {"a b", "c"}
 
 
 @pytest.mark.parametrize(

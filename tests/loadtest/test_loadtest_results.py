@@ -116,8 +116,8 @@ def test_report_files_and_per_step_slo(tmp_path: Path) -> None:
     session = make_session(tmp_path, shape="sweep", streams=2, slo_tpot_ms=20.0)
     out = write_report(session, "http://127.0.0.1:1", str(tmp_path))
     names = sorted(p.name for p in out.directory.iterdir())
-    assert names == ["latency_histograms.png", "requests.csv", "steps.csv", "summary.json",
-                     "sweep.png"]  # fmt: skip
+    assert names == ["goodput.csv", "latency_histograms.png", "pareto.json", "pareto.png",
+                     "requests.csv", "steps.csv", "summary.json", "sweep.png"]  # fmt: skip
     summary = json.loads((out.directory / "summary.json").read_text())
     s0, s1 = summary["steps"]
     assert (s0["streams"], s0["slo_passed"], s1["streams"], s1["slo_passed"]) == (1, True, 2, False)

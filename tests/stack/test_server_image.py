@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.launch import model_fixture
 from support.stack import REPO, compose_env, image_files, lock_build_args, run
 
 from glmserve.launch import load_profile
@@ -122,15 +123,16 @@ def test_launcher_dry_run_in_the_image(line_image: tuple[str, str], profile: str
     sglang.launch_server (the launcher reads that line's own parser there); in the other line's
     image it is refused in one line.
 
-    GLM-5 profiles get the fake GLM-5-NVFP4 dir (real config fields, no weights) at /model; the
-    tiny MLA profiles use the model shipped in the image. GPUs are not probed by --dry-run.
+    GLM-5.x profiles get the fake model dir their model checks take (GLM-5-NVFP4, or GLM-5.2-NVFP4
+    for the glm52-* ones: config fields, no weights) at /model; the tiny MLA profiles use the
+    model shipped in the image. GPUs are not probed by --dry-run.
     """
     line, server_image = line_image
     data = profile_data(profile)
     args = ["--profile", profile, "--dry-run"]
     mounts: dict[Path, str] = {}
     if data["model"].get("default_path") is None:
-        mounts[FAKE_GLM5] = "/model"
+        mounts[model_fixture(profile)] = "/model"
         args += ["--model-path", "/model"]
     if data.get("nodes", 1) > 1:  # a multi-node profile refuses to plan without its rank
         args += ["--node-rank", "0", "--dist-init-addr", "10.0.0.1:5000"]

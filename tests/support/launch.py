@@ -15,6 +15,8 @@ from glmserve.launch.sglang_argv import SERVER_ARGS_FILE, parser_from_source
 REPO = Path(__file__).resolve().parents[2]
 PROFILES_DIR = REPO / "deploy" / "profiles"
 GLM_FIXTURE = REPO / "tests" / "fixtures" / "glm5-nvfp4"
+GLM52_FIXTURE = REPO / "tests" / "fixtures" / "glm52-nvfp4"
+MODEL_FIXTURES = (GLM_FIXTURE, GLM52_FIXTURE)
 TINY_MODEL = REPO / "deploy" / "models" / "tiny-mla"
 PINNED = "0.5.12.post1"
 PROFILE_NAMES = sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
@@ -122,3 +124,18 @@ def dry_run_plan(launcher_args: list[str], environ: dict[str, str]) -> dict[str,
     out, err = io.StringIO(), io.StringIO()
     assert run(["--dry-run", *launcher_args], host, out=out, err=err) == 0, err.getvalue()
     return json.loads(out.getvalue())
+
+
+def model_fixture(profile: str) -> Path:
+    """The fake model dir whose config.json satisfies the profile's model checks (GLM-5 for the
+    GLM-5/5.1 profiles, GLM-5.2 for the glm52-* ones)."""
+    import json
+
+    from glmserve.launch.profiles import parse_profile_file
+
+    expect = parse_profile_file(PROFILES_DIR / f"{profile}.json").model.expect
+    for fixture in MODEL_FIXTURES:
+        config = json.loads((fixture / "config.json").read_text())
+        if all(config.get(key) == value for key, value in expect.items()):
+            return fixture
+    raise LookupError(f"no model fixture satisfies profile {profile}'s model.expect {expect}")

@@ -87,7 +87,7 @@ class ChatRenderer:
         out = [P.chat_chunk(rid, model, {}, self.req.finish, P.matched_stop(self.req, self.cfg))]
         if self.p.include_usage:
             u = P.usage(self.req.prompt_tokens, self.req.generated)
-            out.append(P.chat_usage_chunk(rid, model, u))
+            out.append(P.chat_usage_chunk(rid, model, _cache_report(u, self.req, self.cfg)))
         return out
 
     def full(self) -> dict[str, Any]:
@@ -126,11 +126,19 @@ class CompletionRenderer:
     def end(self) -> list[bytes]:
         if not self.p.include_usage:
             return []
-        u = P.usage(self.req.prompt_tokens, self.req.generated)
+        u = _cache_report(P.usage(self.req.prompt_tokens, self.req.generated), self.req, self.cfg)
         return [P.completion_usage_chunk(self.req.rid, self.p.model, self.created, u)]
 
     def full(self) -> dict[str, Any]:
         return P.completion_response(self.req, self.p, self.cfg)
+
+
+def _cache_report(usage: dict[str, Any], req: GenRequest, config: EmulatorConfig) -> dict[str, Any]:
+    """usage with the prefix-cache hit, as SGLang's --enable-cache-report writes it
+    (UsageProcessor: prompt_tokens_details only when some tokens were cached)."""
+    if config.enable_cache_report and req.cached_tokens > 0:
+        usage["prompt_tokens_details"] = {"cached_tokens": req.cached_tokens}
+    return usage
 
 
 class GenerateRenderer:
@@ -519,6 +527,7 @@ def server_info_dict(state: EmulatorState) -> dict[str, Any]:
         **speculative_args(c),
         "disable_cuda_graph": False,
         "cuda_graph_max_bs": c.graph_max_bs,
+        "enable_cache_report": c.enable_cache_report,
     }
     engine = state.engine
     internal = {

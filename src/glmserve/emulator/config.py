@@ -39,6 +39,9 @@ class EmulatorConfig:
     attention_backend: str = "flashinfer"
     tp_size: int = 8
     role_chunk: bool = True
+    # SGLang's --enable-cache-report: the OpenAI routes' usage carries the prefix-cache hit as
+    # prompt_tokens_details.cached_tokens (only when above 0, as there); /generate always does.
+    enable_cache_report: bool = False
     cost_model: DecodeCostModel = field(default_factory=DecodeCostModel)
     eos_token_id: int = DEFAULT_EOS_TOKEN_ID
     health_delay_s: float = 1.0
@@ -184,6 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="send SGLang's role-only first delta in chat streams (default on)",
     )
     p.add_argument(
+        "--enable-cache-report",
+        action="store_true",
+        help="OpenAI routes report prefix-cache hits in usage.prompt_tokens_details, like "
+        "SGLang's flag of that name",
+    )
+    p.add_argument(
         "--cost-model",
         choices=MODES,
         default="off",
@@ -278,6 +287,7 @@ def config_from_args(ns: argparse.Namespace) -> EmulatorConfig:
         attention_backend=ns.attention_backend,
         tp_size=ns.tp_size,
         role_chunk=ns.role_chunk,
+        enable_cache_report=ns.enable_cache_report,
         cost_model=cost,
         eos_token_id=ns.eos_token_id,
         health_delay_s=ns.health_delay_s,

@@ -14,7 +14,7 @@ from glmserve.launch import speculative
 from glmserve.launch.errors import LaunchError, read_json
 from glmserve.launch.inventory import Gpu
 from glmserve.launch.profiles import Profile, flag_value, sglang_versions
-from glmserve.selftest.runner import MIN_E4M3_CAPABILITY, capability_note
+from glmserve.selftest.runner import CKV_DIM, KPE_DIM, MIN_E4M3_CAPABILITY, capability_note
 
 ALLOW_ANY_ARCH_HINT = "--allow-any-arch (or GLMSERVE_ALLOW_ANY_ARCH=1)"
 
@@ -118,15 +118,34 @@ def check_model(
         )
     for key, value in profile.model.expect.items():
         if config.get(key) != value:
+            # The profile's note on the field says which checkpoints it is for, and what serves
+            # the others (e.g. GLM-5.2's IndexShare layout against a GLM-5 DSA profile).
+            why = profile.notes.get(f"model.expect.{key}")
             raise LaunchError(
                 f"model in {model_dir} has {key}={config.get(key)!r}, but profile "
-                f"'{profile.name}' needs {key}={value!r}"
+                f"'{profile.name}' needs {key}={value!r}" + (f" ({why})" if why else "")
             )
     args = profile.args if argv is None else argv
     speculative.check_draft_layer(
         speculative.from_argv(args), config, model_dir, args, f"profile '{profile.name}'"
     )
     return config
+
+
+def check_patched_geometry(config: Mapping[str, Any], patched_path: bool) -> None:
+    """The patched FP8 MLA path (its kernels and the start-up self-test) serves dense MLA whose
+    latent row is kv_lora_rank 512 + qk_rope_head_dim 64, whatever the checkpoint: GLM-5, 5.1,
+    5.2, DeepSeek-V3/R1 and Kimi-K2 share it. Another width would reach kernels never checked
+    for it, so it is refused before anything starts."""
+    if not patched_path:
+        return
+    got = (config.get("kv_lora_rank"), config.get("qk_rope_head_dim"))
+    if got != (CKV_DIM, KPE_DIM):
+        raise LaunchError(
+            f"the patched FP8 MLA path is built for dense MLA with kv_lora_rank {CKV_DIM} + "
+            f"qk_rope_head_dim {KPE_DIM}, but the model has {got[0]} + {got[1]}; run it on "
+            "an attention backend the patch does not touch (e.g. --attention-backend triton)"
+        )
 
 
 def check_sglang(

@@ -467,6 +467,7 @@ def validate(profile: Profile, inputs: Inputs, host: Host, dry_run: bool) -> Val
     plan = build_plan(profile, inputs, environ, sys.executable, model_config)
     backend = decode_attention_backend(plan.argv)
     patched_path = uses_patched_path(plan.argv, sglang_versions(profile))
+    checks.check_patched_geometry(model_config, patched_path)
     site = host.sglang_site()
     # compose's launcher service dry-runs in the tools image, so that seeing the command needs
     # no SGLang base image: the plan is the same, and SGLang itself is checked where it runs.

@@ -6,9 +6,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-SHAPES = ("single", "concurrent", "sweep")
+SHAPES = ("single", "concurrent", "sweep", "rate-sweep")
 ROUTES = ("chat", "completions", "generate")
 DEFAULT_REPORT_DIR = "loadtest-report"
+ARRIVALS = ("poisson", "constant", "gamma")  # glmserve.loadtest.arrivals
+# Open loop without -u: the senders, i.e. the most requests one Locust process keeps in flight
+# (past that, arrivals are counted as missed); also the rate sweep's throughput streams.
+DEFAULT_SENDERS = 128
 # Locust binds its web UI to all interfaces unless told otherwise; a load generator that any
 # host on the network can start is not a safe default, so ours is loopback.
 DEFAULT_WEB_HOST = "127.0.0.1"
@@ -46,9 +50,20 @@ class LoadTestOptions:
     report_dir: str = DEFAULT_REPORT_DIR
     build_info: str | None = None
     itl_stats: bool = True
+    # Open loop and workloads (docs/loadtest.md, "Open loop" and "Workloads").
+    rates: tuple[float, ...] = ()
+    arrivals: str = "poisson"
+    burstiness: float = 1.0
+    senders: int = DEFAULT_SENDERS
+    sweep_count: int = 4
+    repeats: int = 1
+    input_dist: str | None = None
+    output_dist: str | None = None
+    dataset: str | None = None
+    turns: int = 1
 
     def __post_init__(self) -> None:
-        problems: list[str] = []
+        problems: list[str] = self._workload_problems()
         if self.shape not in SHAPES:
             problems.append(f"--shape must be one of {', '.join(SHAPES)}")
         if self.route not in ROUTES:
@@ -77,6 +92,45 @@ class LoadTestOptions:
             problems.append("--slo-percentile must be in (0, 100]")
         if problems:
             raise OptionsError("; ".join(problems))
+
+    def _workload_problems(self) -> list[str]:
+        problems = []
+        if self.rates and self.shape not in ("concurrent", "rate-sweep"):
+            problems.append(
+                "--rate works with --shape concurrent (one rate) or rate-sweep (a list of rates);"
+                f" --shape {self.shape} sets streams, not rates"
+            )
+        if len(self.rates) > 1 and self.shape != "rate-sweep":
+            problems.append("several --rate values need --shape rate-sweep")
+        if not all(r > 0 and math.isfinite(r) for r in self.rates):
+            problems.append("--rate must be requests per second > 0, e.g. 5 or 2,4,8")
+        if self.arrivals not in ARRIVALS:
+            problems.append(f"--arrivals must be one of {', '.join(ARRIVALS)}")
+        if not (self.burstiness > 0 and math.isfinite(self.burstiness)):
+            problems.append("--burstiness must be > 0 (1 = Poisson, below 1 = burstier)")
+        if self.burstiness != 1.0 and self.arrivals != "gamma":
+            problems.append("--burstiness shapes --arrivals gamma only")
+        if self.senders < 1:
+            problems.append("-u/--users (senders) must be >= 1")
+        if self.sweep_count < 1:
+            problems.append("--sweep-rates must be >= 1")
+        if self.repeats < 1:
+            problems.append("--repeats must be >= 1")
+        if self.shape == "rate-sweep" and self.measure_s == 0:
+            problems.append(
+                "--measure-s 0 (run until stopped) does not work with --shape rate-sweep"
+            )
+        if self.repeats > 1 and self.measure_s == 0:
+            problems.append("--repeats needs a finite --measure-s")
+        if self.turns < 1:
+            problems.append("--turns must be >= 1")
+        if self.dataset and self.prompt_file:
+            problems.append("--dataset and --prompt-file are two sources of prompts: give one")
+        return problems
+
+    @property
+    def open_loop(self) -> bool:
+        return bool(self.rates) or self.shape == "rate-sweep"
 
     @property
     def slo_set(self) -> bool:
@@ -108,7 +162,45 @@ class LoadTestOptions:
             report_dir=ns.report_dir or DEFAULT_REPORT_DIR,
             build_info=ns.build_info or None,
             itl_stats=ns.itl_stats == "on",
+            **_workload_fields(ns, users),
         )
+
+
+def _workload_fields(ns: Any, users: Any) -> dict[str, Any]:
+    """The open-loop and workload options from Locust's namespace (absent: the defaults, as
+    for an Environment built by hand)."""
+    get = lambda name, default: getattr(ns, name, default)  # noqa: E731
+    return {
+        "rates": parse_rates(get("rate", "")),
+        "arrivals": get("arrivals", "poisson"),
+        "burstiness": _number(float, get("burstiness", 1.0), "--burstiness"),
+        "senders": DEFAULT_SENDERS if users is None else int(users),
+        "sweep_count": _number(int, get("sweep_rates", 4), "--sweep-rates"),
+        "repeats": _number(int, get("repeats", 1), "--repeats"),
+        "input_dist": get("input_dist", "") or None,
+        "output_dist": get("output_dist", "") or None,
+        "dataset": get("dataset", "") or None,
+        "turns": _number(int, get("turns", 1), "--turns"),
+    }
+
+
+def parse_rates(text: Any) -> tuple[float, ...]:
+    """'5' or '2,4,8' (requests/s) -> (5.0,) or (2.0, 4.0, 8.0); '' -> ()."""
+    if text is None or str(text).strip() == "":
+        return ()
+    try:
+        return tuple(float(part) for part in str(text).split(","))
+    except ValueError:
+        raise OptionsError(
+            f"--rate {text!r}: not requests per second (a number, or a list like 2,4,8)"
+        ) from None
+
+
+def _number(kind: type, value: Any, flag: str) -> Any:
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise OptionsError(f"{flag} {value!r}: not a {kind.__name__}") from None
 
 
 def _optional(kind: type, value: Any) -> Any:
@@ -165,9 +257,68 @@ def add_arguments(parser: Any) -> None:
         default="",
         help="glmserve build-info JSON to record (default: $GLMSERVE_BUILD_INFO if it exists)",
     )
+    add_workload_arguments(parser)
     g.add_argument(
         "--itl-stats",
         choices=("on", "off"),
         default="on",
         help="report every inter-token gap to Locust's stats (off saves CPU at high load)",
+    )
+
+
+def add_workload_arguments(parser: Any) -> None:
+    """Open loop, rate sweep, repeats and workloads (docs/loadtest.md)."""
+    g = parser.add_argument_group("glmserve open loop and workloads (docs/loadtest.md)")
+    g.add_argument(
+        "--rate",
+        default="",
+        help="open loop: arrivals per second, sent whether or not earlier requests finished "
+        f"(-u = senders, the most in flight; default {DEFAULT_SENDERS}); a list like 2,4,8 with "
+        "--shape rate-sweep",
+    )
+    g.add_argument(
+        "--arrivals",
+        choices=ARRIVALS,
+        default="poisson",
+        help="open-loop gaps: poisson (seeded by --seed), constant, or gamma (bursty)",
+    )
+    g.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        help="gamma shape: 1 = Poisson, below 1 = burstier (as vLLM's --burstiness)",
+    )
+    g.add_argument(
+        "--sweep-rates",
+        type=int,
+        default=4,
+        help="rate-sweep: rates between the synchronous and the throughput step's",
+    )
+    g.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run the whole shape this many times; the report gives 95%% confidence intervals",
+    )
+    g.add_argument(
+        "--input-dist",
+        default="",
+        help="prompt lengths (words): fixed:N, uniform:LO:HI, normal:MEAN:SD, lognormal:MEDIAN:SIGMA",
+    )
+    g.add_argument(
+        "--output-dist",
+        default="",
+        help="output lengths (tokens), same forms as --input-dist (default: --max-tokens)",
+    )
+    g.add_argument(
+        "--dataset",
+        default="",
+        help='JSONL: {"prompt": ...} or {"input_tokens": N}, optional "output_tokens": M',
+    )
+    g.add_argument(
+        "--turns",
+        type=int,
+        default=1,
+        help="multi-turn: each conversation sends this many turns, each with the whole "
+        "conversation so far as its prefix",
     )

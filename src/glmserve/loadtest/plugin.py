@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import random
 import signal
 import socket
 import sys
@@ -18,6 +19,7 @@ import locust
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
+from glmserve.loadtest.openloop import OpenLoop
 from glmserve.loadtest.options import (
     EXIT_INCOMPLETE,
     EXIT_REPORT_FAILED,
@@ -30,6 +32,7 @@ from glmserve.loadtest.prompts import load_prompt_file
 from glmserve.loadtest.session import Session, attach, find_session, sessions
 from glmserve.loadtest.shapes import DecodeShape
 from glmserve.loadtest.users import check_geventhttpclient
+from glmserve.loadtest.workload import Workload
 
 log = logging.getLogger(__name__)
 WIRE_KEY = "glmserve_records"
@@ -46,9 +49,21 @@ def _on_init(environment: Environment, **_: Any) -> None:
     try:
         options = LoadTestOptions.from_namespace(ns)
         prompts = load_prompt_file(options.prompt_file) if options.prompt_file else None
+        workload = Workload.from_options(options, prompts)  # a bad dataset: one line, now
+        if options.open_loop and isinstance(environment.runner, WorkerRunner):
+            sys.exit(2)  # the master refuses, in one line for the whole run
+        if options.open_loop and isinstance(environment.runner, MasterRunner):
+            raise OptionsError(
+                "open loop (--rate, --shape rate-sweep) runs in one Locust process: drop "
+                "--processes/--master/--worker (one process sends thousands of requests/s)"
+            )
     except OptionsError as exc:
         sys.stderr.write(f"locust decode suite: {exc}\n")
         sys.exit(2)
+    if options.open_loop and getattr(ns, "num_users", None) is None:
+        # Locust turns an absent -u into 1 before the shape starts, and the options are read
+        # again then: keep the open-loop default of senders instead.
+        ns.num_users = options.senders
     scheme = urlsplit(environment.host or "").scheme
     if environment.host and scheme not in ("http", "https"):
         # Anything else sends no request at all: a run with 0 requests that calls itself complete.
@@ -64,7 +79,7 @@ def _on_init(environment: Environment, **_: Any) -> None:
             # that dies mid-run is different: those requests are counted as `connect` failures.
             sys.stderr.write(f"locust decode suite: {problem}\n")
             sys.exit(2)
-    session = start_session(environment, options, prompts)
+    session = start_session(environment, options, prompts, workload)
     if not isinstance(environment.runner, WorkerRunner):
         _stop_on_sigterm(environment, session)
 
@@ -99,9 +114,13 @@ def unreachable(url: str, timeout_s: float = 5.0) -> str | None:
 
 
 def start_session(
-    environment: Environment, options: LoadTestOptions, prompts: list[str] | None = None
+    environment: Environment,
+    options: LoadTestOptions,
+    prompts: list[str] | None = None,
+    workload: Workload | None = None,
 ) -> Session:
     session = Session(options, isinstance(environment.runner, WorkerRunner), prompts)
+    _set_up_requests(session, workload)
     attach(environment, session)
     shape = environment.shape_class
     if isinstance(shape, DecodeShape):
@@ -110,11 +129,25 @@ def start_session(
     return session
 
 
+def _set_up_requests(session: Session, workload: Workload | None = None) -> None:
+    """The session's workload, and for open-loop runs its arrival ledger. An unseeded open-loop
+    run picks a seed and records it, so its arrivals can be replayed (--seed)."""
+    options = session.options
+    session.workload = workload or Workload.from_options(options, session.prompts)
+    if options.open_loop:
+        seed = options.seed if options.seed is not None else random.getrandbits(31)
+        session.open_loop = OpenLoop(options.arrivals, seed, options.burstiness)
+    else:
+        session.open_loop = None
+
+
 def _configure_shape(environment: Environment, session: Session, shape: DecodeShape) -> None:
     ns = environment.parsed_options
     player = shape.configure(session.options, getattr(ns, "run_time", None))
     player.on_phase = lambda tick, at: session.on_phase(tick, at, environment)
     player.on_end = session.close
+    player.resolve = session.resolve_rates
+    session.player = player
 
 
 def _restart(environment: Environment, session: Session, shape: DecodeShape) -> None:
@@ -130,7 +163,13 @@ def _restart(environment: Environment, session: Session, shape: DecodeShape) -> 
             log.error("options not changed: %s", exc)
         else:
             session.options = options
+            try:
+                _set_up_requests(session)
+            except OptionsError as exc:
+                log.error("workload not changed: %s", exc)
     session.collector.clear()
+    if session.open_loop is not None:
+        session.open_loop.clear()
     _configure_shape(environment, session, shape)
 
 
@@ -193,7 +232,7 @@ def completion(environment: Environment, session: Session) -> tuple[bool, str | 
     if player is None:
         return True, session.stopped_by
     if player.cut_short:
-        return False, session.stopped_by or f"--run-time {player.limit_s:g} s"
+        return False, session.stopped_by or player.stop_reason or f"--run-time {player.limit_s:g} s"
     if player.finished:
         return True, session.stopped_by
     open_ended = bool(player.stages) and math.isinf(player.stages[-1].measure_s)
@@ -221,12 +260,23 @@ def _finish(environment: Environment, session: Session) -> None:
         return
     for line in outcome.breaches:
         log.error("SLO breach: %s", line)
+    _show_steps(outcome.summary)
     log.info("report written to %s", outcome.directory)
     ns = environment.parsed_options
     if outcome.breaches:
         environment.process_exit_code = EXIT_SLO_BREACH
     elif not session.complete and (ns is None or ns.headless):
         environment.process_exit_code = EXIT_INCOMPLETE
+
+
+def _show_steps(summary: dict[str, Any]) -> None:
+    """The goodput table, and a line per step above the server's capacity, on the screen."""
+    from glmserve.loadtest.stepinfo import goodput_table
+
+    if summary["steps"]:
+        log.info("goodput per step (goodput.csv):\n%s", "\n".join(goodput_table(summary["steps"])))
+    for line in summary["capacity"]["lines"]:
+        log.warning("%s", line)
 
 
 _registered = False

@@ -49,23 +49,12 @@ def load_prompt_file(path: str) -> list[str]:
     return prompts
 
 
-class PromptSource:
-    """Hands out prompts; one source per Locust user, seeded from (seed, user index)."""
+def user_rng(seed: int | None, stream_id: int) -> random.Random:
+    """The random stream of one Locust user: reproducible per (seed, user) when seeded."""
+    return random.Random(None if seed is None else f"{seed}:{stream_id}")
 
-    def __init__(
-        self,
-        input_tokens: int,
-        prompts: list[str] | None = None,
-        seed: int | None = None,
-        stream_id: int = 0,
-    ) -> None:
-        self.input_tokens = input_tokens
-        self.prompts = prompts
-        self._rng = random.Random(None if seed is None else f"{seed}:{stream_id}")
 
-    def next(self) -> str:
-        if self.prompts:
-            return self._rng.choice(self.prompts)
-        tag = f"[{self._rng.getrandbits(48):012x}]"
-        words = self._rng.choices(_WORDS, k=max(self.input_tokens - 1, 0))
-        return " ".join([tag, *words])
+def synthetic_text(rng: random.Random, words: int) -> str:
+    """`words` common words (about a token each) after a random tag that makes it unique."""
+    tag = f"[{rng.getrandbits(48):012x}]"
+    return " ".join([tag, *rng.choices(_WORDS, k=max(words - 1, 0))])

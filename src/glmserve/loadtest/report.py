@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from glmserve.loadtest.pareto import write_pareto
 from glmserve.loadtest.results import SLO, STAT_KEYS, StepResult, step_summary
+from glmserve.loadtest.stepinfo import capacity, repeat_intervals, step_extras, write_goodput_csv
 
 if TYPE_CHECKING:
     from glmserve.loadtest.session import Session
@@ -36,6 +38,8 @@ def build_summary(session: Session, host: str) -> tuple[dict[str, Any], list[Ste
     slo = SLO(opts.slo_ttft_ms, opts.slo_tpot_ms, opts.slo_percentile) if opts.slo_set else None
     steps = session.collector.steps()
     step_dicts = [step_summary(s, slo) for s in steps]
+    for d, step in zip(step_dicts, steps, strict=True):
+        d.update(step_extras(session, step, slo))
     breaches = [line for d in step_dicts for line in d.get("slo_breaches", [])]
     if slo is not None and not steps:
         breaches.append("no measured step: the run ended before any measurement window")
@@ -79,9 +83,30 @@ def build_summary(session: Session, host: str) -> tuple[dict[str, Any], list[Ste
             ),
         },
         "failures_total": session.collector.failures_total(),
+        "capacity": capacity(step_dicts),
+        "repeats": repeat_intervals(step_dicts),
         "steps": step_dicts,
     }
+    summary["workload"].update(_open_loop_workload(session))
     return summary, steps
+
+
+def _open_loop_workload(session: Session) -> dict[str, Any]:
+    """The workload fields of the open-loop, workload and repeat options."""
+    opts = session.options
+    out: dict[str, Any] = {"repeats": opts.repeats}
+    if session.workload is not None:
+        out.update(session.workload.describe())
+    if opts.open_loop:
+        out.update(
+            rates_rps=list(opts.rates) or None,
+            arrivals=opts.arrivals,
+            burstiness=opts.burstiness if opts.arrivals == "gamma" else None,
+            senders=opts.senders,
+            sweep_rates=opts.sweep_count if opts.shape == "rate-sweep" and not opts.rates else None,
+            arrival_seed=session.open_loop.seed if session.open_loop else None,
+        )
+    return out
 
 
 def write_report(session: Session, host: str, cwd: str) -> Outcome:
@@ -93,8 +118,14 @@ def write_report(session: Session, host: str, cwd: str) -> Outcome:
     write_requests_csv(directory / "requests.csv", session)
     opts = session.options
     slo = SLO(opts.slo_ttft_ms, opts.slo_tpot_ms, opts.slo_percentile) if opts.slo_set else None
+    write_goodput_csv(directory / "goodput.csv", summary["steps"])
     try:
-        write_plots(directory, steps, slo, None if session.complete else session.stopped_by)
+        by_streams = not opts.open_loop and opts.repeats == 1
+        incomplete = None if session.complete else session.stopped_by
+        labels = [str(d.get("label") or _streams(d["streams"])) for d in summary["steps"]]
+        write_plots(directory, steps, slo, incomplete, by_streams, labels)
+        if len(summary["steps"]) > 1:
+            write_pareto(directory, summary["steps"], opts.slo_tpot_ms)
     except ImportError as exc:  # matplotlib is in the loadtest extra; plots are optional
         log.warning("plots skipped: %s", exc)
     breaches = summary["slo"]["breaches"] if summary["slo"] else []
@@ -159,6 +190,8 @@ def write_requests_csv(path: Path, session: Session) -> None:
                 "output_tokens",
                 "prompt_tokens",
                 "count",
+                "cached_tokens",
+                "turn",
             ]
         )
         for rec in sorted(collector.records, key=lambda r: r.started_at):
@@ -171,7 +204,9 @@ def write_requests_csv(path: Path, session: Session) -> None:
                     left_out.setdefault(key, [rec.started_at, 0])[1] += 1
                     continue
                 kept[key] = kept.get(key, 0) + 1
-                w.writerow([f"{rec.started_at:.6f}", step, 0, rec.reason, *[""] * 8, 1])
+                w.writerow(
+                    [f"{rec.started_at:.6f}", step, 0, rec.reason, *[""] * 8, 1, "", rec.turn or ""]
+                )
                 continue
             w.writerow(
                 [
@@ -188,10 +223,12 @@ def write_requests_csv(path: Path, session: Session) -> None:
                     t.output_tokens,
                     t.prompt_tokens,
                     1,
+                    "" if t.cached_tokens is None else t.cached_tokens,
+                    rec.turn or "",
                 ]
             )
         for (step, reason), (first, count) in left_out.items():
-            w.writerow([f"{first:.6f}", step, 0, reason, *[""] * 8, count])
+            w.writerow([f"{first:.6f}", step, 0, reason, *[""] * 8, count, "", ""])
 
 
 def _streams(n: int) -> str:
@@ -250,15 +287,19 @@ def write_plots(
     steps: list[StepResult],
     slo: SLO | None = None,
     incomplete: str | None = None,
+    by_streams: bool = True,
+    labels: list[str] | None = None,
 ) -> list[Path]:
-    """latency_histograms.png, and sweep.png when there is more than one step."""
+    """latency_histograms.png, and sweep.png when there is more than one step and the steps
+    differ by their stream count alone (`by_streams`; open-loop and repeated steps are drawn
+    by pareto.png instead)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only; never open a window
     import matplotlib.pyplot as plt
 
-    figures = [("latency_histograms.png", latency_figure(steps, slo, incomplete))]
-    if len(steps) > 1:
+    figures = [("latency_histograms.png", latency_figure(steps, slo, incomplete, labels))]
+    if len(steps) > 1 and by_streams:
         figures.append(("sweep.png", sweep_figure(steps, slo, incomplete)))
     written = []
     for name, fig in figures:
@@ -268,7 +309,12 @@ def write_plots(
     return written
 
 
-def latency_figure(steps: list[StepResult], slo: SLO | None, incomplete: str | None) -> Any:
+def latency_figure(
+    steps: list[StepResult],
+    slo: SLO | None,
+    incomplete: str | None,
+    labels: list[str] | None = None,
+) -> Any:
     """TTFT, TPOT and ITL histograms, one outline per step."""
     import matplotlib.pyplot as plt
 
@@ -281,10 +327,11 @@ def latency_figure(steps: list[StepResult], slo: SLO | None, incomplete: str | N
         # One set of bin edges for every step, so their histograms compare bar for bar.
         lo, hi = (min(every), max(every)) if every else (0.0, 1.0)
         edges = [lo + (hi - lo) * i / 50 for i in range(51)] if hi > lo else 50
-        for step in steps:
+        for i, step in enumerate(steps):
             values = step.latency_ms(key)
             ok, bad = len(step.aggregate.timings), sum(step.aggregate.failures.values())
-            label = f"{_streams(step.streams)}: {ok} ok" + (f", {bad} failed" if bad else "")
+            name = labels[i] if labels else _streams(step.streams)  # a step's load: streams or rate
+            label = f"{name}: {ok} ok" + (f", {bad} failed" if bad else "")
             if values:
                 ax.hist(values, bins=edges, histtype="step", label=label)
                 drawn = True

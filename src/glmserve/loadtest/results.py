@@ -24,6 +24,7 @@ class RequestRecord:
     ended_at: float
     timing: StreamTiming | None
     reason: str | None = None  # a streaming.FAILURE_REASONS entry when timing is None
+    turn: int | None = None  # multi-turn runs: the turn of its conversation (1-based)
 
     def to_wire(self) -> list[Any]:
         """Compact form sent from a Locust worker to the master."""
@@ -31,7 +32,7 @@ class RequestRecord:
         if t is None:
             return [self.started_at, self.ended_at, self.reason]
         timing = {k: v for k, v in asdict(t).items() if k not in _NOT_ON_THE_WIRE}
-        return [self.started_at, self.ended_at, None, timing]
+        return [self.started_at, self.ended_at, None, timing, self.turn]
 
     @classmethod
     def from_wire(cls, row: list[Any]) -> RequestRecord:
@@ -39,12 +40,13 @@ class RequestRecord:
             return cls(row[0], row[1], None, row[2])
         raw = dict(row[3])
         raw["itl_s"] = tuple(raw["itl_s"])
-        return cls(row[0], row[1], StreamTiming(**raw))
+        return cls(row[0], row[1], StreamTiming(**raw), turn=row[4] if len(row) > 4 else None)
 
 
-# What a stream said (StreamTiming.text/output_ids/cached_tokens, for the smoke test) is no
-# load-test data: workers send the master the timing fields only.
-_NOT_ON_THE_WIRE = ("text", "output_ids", "cached_tokens")
+# What a stream said (StreamTiming.text/output_ids, for the smoke test and the conversations of
+# multi-turn runs) is no load-test data: workers send the master the timing fields only (the
+# server's cached-token count is one: multi-turn reports show it).
+_NOT_ON_THE_WIRE = ("text", "output_ids")
 
 
 @dataclass

@@ -7,12 +7,12 @@ from collections.abc import Callable
 from locust import LoadTestShape
 
 from glmserve.loadtest.options import LoadTestOptions
-from glmserve.loadtest.stages import StagePlayer, plan
+from glmserve.loadtest.stages import StagePlayer, plan_run
 
 
 class DecodeShape(LoadTestShape):
-    """single / concurrent / sweep, chosen by --shape; Locust calls tick() about once a second
-    on the master (or the only process)."""
+    """single / concurrent / sweep / rate-sweep (and --rate, --repeats), chosen by the options;
+    Locust calls tick() about once a second on the master (or the only process)."""
 
     # -u/--users is the stream count: read it instead of Locust warning that it is ignored.
     use_common_options = True
@@ -25,7 +25,16 @@ class DecodeShape(LoadTestShape):
     def configure(self, options: LoadTestOptions, run_time_s: float | None = None) -> StagePlayer:
         """`run_time_s`: Locust's -t/--run-time, which Locust itself applies only after a
         shape has finished (so never): the player ends the run there instead."""
-        stages = plan(options.shape, options.streams, options.warmup_s, options.measure_s)
+        stages = plan_run(
+            options.shape,
+            options.streams,
+            options.warmup_s,
+            options.measure_s,
+            rates=options.rates,
+            senders=options.senders,
+            sweep_count=options.sweep_count,
+            repeats=options.repeats,
+        )
         self.player = StagePlayer(stages, limit_s=run_time_s or None)
         return self.player
 

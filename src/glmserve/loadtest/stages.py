@@ -10,19 +10,43 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
 class Stage:
-    streams: int
+    streams: int  # closed loop: the streams; open loop: the senders (most requests in flight)
     warmup_s: float
     measure_s: float  # math.inf: until stopped
     spawn_rate: float = 0.0  # users/s; 0 = derive from the warm-up (see ramp_rate)
+    # Open loop: arrivals per second (glmserve.loadtest.arrivals); None: closed loop;
+    # RATE_PENDING: a rate sweep's rate, decided once its first two steps are measured.
+    rate: float | None = None
+    role: str = ""  # a rate sweep's "synchronous" or "throughput" step
+    level: int = 0  # the step's place in one pass of the plan (repeats share levels)
+    repeat: int = 0  # which pass (--repeats)
 
     @property
     def duration_s(self) -> float:
         return self.warmup_s + self.measure_s
+
+    @property
+    def pending(self) -> bool:
+        return self.rate is not None and math.isnan(self.rate)
+
+    @property
+    def label(self) -> str:
+        if self.role == "synchronous":
+            return "synchronous (1 stream)"
+        if self.role == "throughput":
+            return f"throughput ({self.streams} streams)"
+        if self.rate is not None:
+            return "rate pending" if self.pending else f"{self.rate:.3g} req/s"
+        return f"{self.streams} stream" + ("" if self.streams == 1 else "s")
+
+
+RATE_PENDING = math.nan
+MAX_SPAWN_RATE = 100
 
 
 @dataclass(frozen=True)
@@ -33,6 +57,7 @@ class Tick:
     phase: str  # "warmup" | "measure"
     users: int
     spawn_rate: float
+    rate: float | None = None  # open loop: arrivals per second (Stage.rate)
 
 
 def sweep_levels(max_streams: int) -> list[int]:
@@ -94,6 +119,55 @@ def plan(shape: str, streams: int, warmup_s: float, measure_s: float) -> list[St
     return stages
 
 
+def plan_run(
+    shape: str,
+    streams: int,
+    warmup_s: float,
+    measure_s: float,
+    *,
+    rates: Sequence[float] = (),
+    senders: int = 1,
+    sweep_count: int = 0,
+    repeats: int = 1,
+) -> list[Stage]:
+    """The whole run: one pass of the shape, `repeats` times over (each pass's steps share
+    their levels, so the report can put a confidence interval on each level).
+
+    Open loop (`rates` given, or the rate-sweep shape): each rate is one step of `senders`
+    users that send arrivals (glmserve.loadtest.arrivals). The rate sweep without rates is
+    GuideLLM's: a synchronous step (one stream), a throughput step (`senders` streams, closed
+    loop), then `sweep_count` rates between the two, decided once those are measured.
+    """
+    if shape == "rate-sweep" or rates:
+        one = _plan_open(shape, warmup_s, measure_s, rates, senders, sweep_count)
+    else:
+        one = plan(shape, streams, warmup_s, measure_s)
+    one = [replace(stage, level=i) for i, stage in enumerate(one)]
+    return [replace(stage, repeat=r) for r in range(max(repeats, 1)) for stage in one]
+
+
+def _plan_open(
+    shape: str,
+    warmup_s: float,
+    measure_s: float,
+    rates: Sequence[float],
+    senders: int,
+    sweep_count: int,
+) -> list[Stage]:
+    measure = math.inf if measure_s == 0 else measure_s
+    # Senders wait for arrivals, so they all start within a second or two: spreading them
+    # (ramp_rate) would only leave early arrivals without a sender. Past 100/s Locust warns
+    # that its spawning may misbehave.
+    spawn = float(min(max(senders, 1), MAX_SPAWN_RATE))
+    if shape != "rate-sweep" or rates:
+        return [Stage(senders, warmup_s, measure, spawn, rate=r) for r in rates]
+    return [
+        Stage(1, warmup_s, measure, ramp_rate(1, warmup_s), role="synchronous"),
+        Stage(senders, warmup_s, measure, ramp_rate(senders - 1, warmup_s), role="throughput"),
+        *(Stage(senders, warmup_s, measure, spawn, rate=RATE_PENDING) for _ in range(sweep_count)),
+    ]
+
+
 def tick_at(stages: Sequence[Stage], run_time: float) -> Tick | None:
     """The tick for `run_time` seconds into the run; None once every stage is over."""
     start = 0.0
@@ -102,7 +176,7 @@ def tick_at(stages: Sequence[Stage], run_time: float) -> Tick | None:
         if run_time < end:
             phase = "warmup" if run_time < start + stage.warmup_s else "measure"
             rate = stage.spawn_rate or float(max(stage.streams, 1))
-            return Tick(i, phase, stage.streams, rate)
+            return Tick(i, phase, stage.streams, rate, stage.rate)
         start = end
     return None
 
@@ -124,14 +198,26 @@ class StagePlayer:
     finished: bool = False  # the run reached its end (every step, or the limit)
     cut_short: bool = False  # ... and that end was the limit, with steps left
     reached_last: bool = False  # the last step has begun
+    # A rate sweep's pending rates: called with the stages when the first pending step
+    # begins; returns the stages with every rate decided, or why the sweep cannot go on.
+    resolve: Callable[[list[Stage]], list[Stage] | str] | None = None
+    stop_reason: str | None = None  # why the run ended early when it was not --run-time
     _last: tuple[int, str] | None = field(default=None, repr=False)
 
     def reset(self) -> None:
         self._last = None
         self.finished = self.cut_short = self.reached_last = False
+        self.stop_reason = None
 
     def tick(self, run_time: float) -> tuple[int, float] | None:
         current = tick_at(self.stages, run_time)
+        if current is not None and current.rate is not None and math.isnan(current.rate):
+            resolved = self.resolve(self.stages) if self.resolve else "no rate for this step"
+            if isinstance(resolved, str):
+                current, self.cut_short, self.stop_reason = None, True, resolved
+            else:
+                self.stages = resolved
+                current = tick_at(self.stages, run_time)
         if current is not None and self.limit_s is not None and run_time >= self.limit_s:
             current, self.cut_short = None, True
         if current is None:

@@ -20,9 +20,11 @@ from geventhttpclient.response import HTTPConnectionClosed, HTTPParseError
 from locust import FastHttpUser, constant, task
 from locust.contrib.fasthttp import LocustBadStatusCode
 
-from glmserve.loadtest.prompts import PromptSource
+from glmserve.loadtest.openloop import OpenLoop
+from glmserve.loadtest.prompts import user_rng
 from glmserve.loadtest.session import session_of
 from glmserve.loadtest.stages import backoff_s
+from glmserve.loadtest.workload import Request
 from glmserve.streaming import StreamError, StreamRequest, StreamTimer, StreamTiming
 
 log = logging.getLogger(__name__)
@@ -33,6 +35,9 @@ STATS_TYPE = "STREAM"
 STAT_NAMES = {"ack": "ack", "ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "e2e"}
 
 ITL_BATCH = 32
+# An open-loop sender with no step to send for (a closed-loop step, or between steps) looks
+# again this often.
+IDLE_POLL_S = 0.02
 
 
 # _read_available and _discard read geventhttpclient's response internals (_body_buffer,
@@ -138,7 +143,8 @@ def _discard(raw: Any) -> None:
 
 
 class DecodeUser(FastHttpUser):
-    """One stream: send, read to [DONE], report, repeat (no think time)."""
+    """One stream: send, read to [DONE], report, repeat (no think time). In an open-loop step
+    a sender instead: it takes the next due arrival, waits for its time, sends it."""
 
     host = "http://127.0.0.1:30000"
     wait_time = constant(0)
@@ -151,33 +157,64 @@ class DecodeUser(FastHttpUser):
         opts = self.session.options
         self.network_timeout = opts.read_timeout_s
         super().__init__(environment)
-        self.prompts = PromptSource(
-            opts.input_tokens, self.session.prompts, opts.seed, self.session.next_stream_id()
-        )
+        self.rng = user_rng(opts.seed, self.session.next_stream_id())
         self.failures_in_a_row = 0  # of any reason: each one backs off longer (backoff_s)
 
-    def _request(self) -> StreamRequest:
+    def _request(self) -> tuple[StreamRequest, Request]:
         opts = self.session.options
-        return StreamRequest(
+        assert self.session.workload is not None
+        req = self.session.workload.next_request(self.rng)
+        chat = opts.route == "chat"
+        sreq = StreamRequest(
             route=opts.route,  # type: ignore[arg-type]
             model=opts.model,
-            prompt=self.prompts.next(),
-            max_tokens=opts.max_tokens,
+            prompt="" if chat else req.text,
+            max_tokens=req.max_tokens,
             ignore_eos=True,
+            messages=req.messages if chat else None,
         )
+        return sreq, req
 
     @task
     def stream(self) -> None:
-        req = self._request()
+        open_loop = self.session.open_loop
+        if open_loop is not None and open_loop.dispatcher is not None:
+            self._send_arrival(open_loop)
+            return
+        if self._send() is None:
+            self.failures_in_a_row = 0
+            return
+        self.failures_in_a_row += 1
+        gevent.sleep(backoff_s(self.failures_in_a_row))
+
+    def _send_arrival(self, open_loop: OpenLoop) -> None:
+        """Open loop: no back-off after a failure (the arrivals keep their schedule)."""
+        claimed = open_loop.claim()
+        if claimed is None:
+            gevent.sleep(IDLE_POLL_S)
+            return
+        dispatcher, slot = claimed
+        while (wait := slot.due - time.perf_counter()) > 0:
+            gevent.sleep(wait)
+        if not open_loop.send(dispatcher, slot):
+            return
+        try:
+            self._send()
+        finally:
+            open_loop.done()
+
+    def _send(self) -> StreamError | None:
+        """Send one request, read it to the end, record it; the failure, or None."""
+        sreq, req = self._request()
         opts = self.session.options
         started_at = time.time()
         t0 = time.perf_counter()
-        timer = StreamTimer(t0)
+        timer = StreamTimer(t0, keep_content=req.conversation is not None)
         failed: StreamError | None = None
         with self.client.request(
             "POST",
-            req.path,
-            json=req.payload(),
+            sreq.path,
+            json=sreq.payload(),
             headers=HEADERS,
             stream=True,
             catch_response=True,
@@ -195,13 +232,13 @@ class DecodeUser(FastHttpUser):
                 resp.request_meta["response_time"] = timing.e2e_s * 1e3
                 resp.request_meta["response_length"] = timing.output_tokens
                 resp.success()
+        assert self.session.workload is not None
+        self.session.workload.finished(req, None if failed else timing.text)
         if failed is not None:
-            self.failures_in_a_row += 1
-            gevent.sleep(backoff_s(self.failures_in_a_row))
-            return
-        self.failures_in_a_row = 0
-        self.session.record_success(started_at, timing)
+            return failed
+        self.session.record_success(started_at, timing, req.turn)
         self._fire(timing)
+        return None
 
     def _fire(self, timing: StreamTiming) -> None:
         fire = self.environment.events.request.fire
