@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
-EXTRAS  = emulator,exporter,loadtest,doctor,kernels,router,dev
+EXTRAS  = emulator,exporter,loadtest,doctor,fleet,kernels,router,dev
 
 .PHONY: test lint venv demo
 
