@@ -48,7 +48,7 @@ def test_compose_syntax_quotes_comments_export_and_several_lines(tmp_path):
 
 
 def test_lines_that_are_not_assignments_are_named_with_their_line(tmp_path):
-    path = write(tmp_path, "A=1\nthis line is not an assignment\nNAME\n9BAD=1\nB=\"open\n")
+    path = write(tmp_path, 'A=1\nthis line is not an assignment\nNAME\n9BAD=1\nB="open\n')
     entries, problems = read_entries(path)
     assert [e.name for e in entries] == ["A"]
     assert problems == [

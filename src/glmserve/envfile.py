@@ -53,7 +53,9 @@ def read_entries(path: Path) -> tuple[list[Entry], list[str]]:
         original = binding.original.string
         raw = original.strip()
         # A binding starts at the blank lines before it; its line is where its text starts.
-        line = binding.original.line + original[: len(original) - len(original.lstrip())].count("\n")
+        line = binding.original.line + original[: len(original) - len(original.lstrip())].count(
+            "\n"
+        )
         if binding.error or (binding.key is not None and binding.value is None):
             problems.append(f"{path.name}:{line}: not NAME=VALUE: {raw[:60]!r}")
         elif binding.key is not None:

@@ -29,7 +29,9 @@ def _flag(argv: list[Any], name: str) -> str | None:
     return None
 
 
-def listen_addresses(svcs: Mapping[str, dict[str, Any]], values: Mapping[str, str]) -> dict[str, str]:
+def listen_addresses(
+    svcs: Mapping[str, dict[str, Any]], values: Mapping[str, str]
+) -> dict[str, str]:
     """Scrape job -> the address its service listens on, as compose builds it from `values`."""
     out: dict[str, str] = {}
     sglang_env = compose.interpolate(svcs.get("sglang", {}).get("environment") or {}, values)
@@ -62,7 +64,9 @@ def _mounted_config(prometheus: Mapping[str, Any], project: Path) -> Path | None
 
 def _bind(volume: Any) -> tuple[str | None, PurePosixPath | None]:
     if isinstance(volume, dict):
-        return volume.get("source"), PurePosixPath(volume["target"]) if volume.get("target") else None
+        return volume.get("source"), PurePosixPath(volume["target"]) if volume.get(
+            "target"
+        ) else None
     parts = str(volume).split(":")
     if len(parts) >= 2 and (parts[0].startswith((".", "/"))):
         return parts[0], PurePosixPath(parts[1])
@@ -87,7 +91,7 @@ def scrape_problems(
         return [f"prometheus: cannot read {path}: {exc}"]
     expected = listen_addresses(svcs, values)
     written = {
-        str(TARGETS_DIR / f"{name[len(SCRAPE_PREFIX):]}.json"): str(address)
+        str(TARGETS_DIR / f"{name[len(SCRAPE_PREFIX) :]}.json"): str(address)
         for name, address in (prometheus.get("environment") or {}).items()
         if name.startswith(SCRAPE_PREFIX)
     }

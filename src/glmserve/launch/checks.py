@@ -7,13 +7,16 @@ import json
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from glmserve import switches
 from glmserve.launch.errors import LaunchError, read_json
 from glmserve.launch.inventory import Gpu
-from glmserve.launch.profiles import Profile, flag_value, sglang_versions
+from glmserve.launch.profiles import Profile, sglang_versions
 from glmserve.selftest.runner import MIN_E4M3_CAPABILITY, capability_note
+
+if TYPE_CHECKING:
+    from glmserve.launch.sglang_argv import ServerArgs
 
 ALLOW_ANY_ARCH_HINT = "--allow-any-arch (or GLMSERVE_ALLOW_ANY_ARCH=1)"
 
@@ -241,17 +244,15 @@ def choose_fp8_attention(
     return "native", "default (not timed)"
 
 
-def decode_timing_env(
-    argv: Sequence[str], model_config: Mapping[str, Any], tp: int
-) -> dict[str, str]:
+def decode_timing_env(args: ServerArgs, model_config: Mapping[str, Any], tp: int) -> dict[str, str]:
     """The self-test's timing shape: the model's heads per rank and the decode batches the
     server will run (1 and the largest captured CUDA-graph batch, 64 where the profile leaves it to SGLang)."""
     env = {}
     heads = model_config.get("num_attention_heads")
     if isinstance(heads, int) and heads > 0 and tp > 0:
         env.update(switches.SELFTEST_HEADS.setting([max(1, heads // tp)]))
-    max_bs = flag_value(argv, "--cuda-graph-max-bs")
-    batches = [1, int(max_bs) if max_bs and max_bs.isdigit() and int(max_bs) > 0 else 64]
+    max_bs = args.get("--cuda-graph-max-bs")
+    batches = [1, max_bs if isinstance(max_bs, int) and max_bs > 0 else 64]
     env.update(switches.SELFTEST_DECODE_BATCHES.setting(batches))
     return env
 
@@ -287,24 +288,21 @@ def check_driver(driver: str | None, cuda: str | None) -> None:
     )
 
 
-def cuda_graph_warning(argv: Sequence[str]) -> str | None:
+def cuda_graph_warning(args: ServerArgs) -> str | None:
     """One line when a running batch can outgrow the captured decode CUDA graphs.
 
     SGLang replays a graph only for batches up to --cuda-graph-max-bs; a larger batch decodes
     eagerly, several times slower (TPOT 6.9 -> 91 ms measured with 17 running vs 16 captured).
     The exporter's canary is one more running request, so N load streams + canary = N + 1.
     """
-    if "--disable-cuda-graph" in argv:
+    if args.get("--disable-cuda-graph"):
         return None
-    max_bs = flag_value(argv, "--cuda-graph-max-bs")
+    max_bs = args.get("--cuda-graph-max-bs")
     if max_bs is None:
         return None  # SGLang sizes both from the GPU: nothing the launcher can compare
-    running = flag_value(argv, "--max-running-requests")
-    try:
-        if running is not None and int(running) <= int(max_bs):
-            return None
-    except ValueError:
-        return None  # SGLang's own parser will refuse the value
+    running = args.get("--max-running-requests")
+    if isinstance(running, int) and isinstance(max_bs, int) and running <= max_bs:
+        return None
     allows = (
         f"--max-running-requests {running} allows more"
         if running is not None

@@ -31,6 +31,7 @@ from glmserve.launch.profiles import (
     sglang_versions,
     uses_patched_path,
 )
+from glmserve.netaddr import host_problem
 
 PROG = "glmserve.launch"
 NOT_HERE = "not installed here (checked when the server image starts)"
@@ -203,12 +204,15 @@ def resolve_inputs(
     tp = _int("TP", tp_raw, 1, 1024) if tp_raw is not None else profile.tp
     nnodes, node_rank, dist_init_addr = _resolve_nodes(ns, environ, profile, tp)
     host = _pick(ns.host, environ, "host") or DEFAULT_HOST
+    host_said = host_problem(host)
+    if host_said:
+        raise LaunchError(f"host {host!r} {host_said} (--host or {ENV_INPUTS['host']})")
     port_raw = _pick(ns.port, environ, "port")
     port = _int("port", port_raw, 1, 65535) if port_raw is not None else DEFAULT_PORT
     extra = [*parse_extra_env(environ.get(EXTRA_ARGS_ENV)), *extra_cli]
-    # At once, with no SGLang needed (the doctor checks .env through this function): every
-    # prefix of an owned flag. run() asks SGLang's own parser as well, once it has found SGLang.
-    sglang_argv.check_not_owned(None, extra, LAUNCHER_OWNED_FLAGS, "extra SGLang arg")
+    # At once, with no SGLang needed (the doctor checks .env through this function): the stored
+    # parser of the profile's line. run() asks the installed SGLang's own parser as well.
+    check_sglang_args(stored_parser(profile), [], extra, profile)
     allow_any = ns.allow_any_arch or checks.parse_bool(
         ENV_INPUTS["allow_any_arch"], environ.get(ENV_INPUTS["allow_any_arch"])
     )
@@ -230,6 +234,41 @@ def resolve_inputs(
         skip_selftest=bool(skip_selftest),
         build_info=build_info,
     )
+
+
+@dataclass(frozen=True)
+class SglangParser:
+    """SGLang's parser for this launch, and whose it is (named in each refusal)."""
+
+    parser: argparse.ArgumentParser
+    whose: str
+
+
+def stored_parser(profile: Profile) -> SglangParser | None:
+    """The stored parser of the profile's SGLang line (glmserve.launch.argspec), or None for a
+    profile pinned to a line with none stored."""
+    found = sglang_argv.line_parser(sglang_versions(profile))
+    if found is None:
+        return None
+    version, parser = found
+    return SglangParser(parser, f"SGLang {version}'s own parser, stored from its server_args.py")
+
+
+def check_sglang_args(
+    sglang: SglangParser | None, profile_args: Sequence[str], extra: Sequence[str], profile: Profile
+) -> None:
+    """Refuse, one line each, a profile or extra arg that SGLang would read as one of the
+    launcher's own flags, and every flag or value SGLang's parser refuses (or its server would
+    fail on: glmserve.launch.sglang_argv.check_args). Without a parser, every prefix of an
+    owned flag (a superset of what the parser resolves to one; tests/launch checks no more)."""
+    parser = sglang.parser if sglang is not None else None
+    where = f"profile '{profile.name}' arg"
+    sglang_argv.check_not_owned(parser, profile_args, LAUNCHER_OWNED_FLAGS, where)
+    sglang_argv.check_not_owned(parser, extra, LAUNCHER_OWNED_FLAGS, "extra SGLang arg")
+    if sglang is not None:
+        where = f"profile '{profile.name}' args"
+        sglang_argv.check_args(sglang.parser, profile_args, where, sglang.whose)
+        sglang_argv.check_args(sglang.parser, extra, "extra SGLang args", sglang.whose)
 
 
 def _resolve_nodes(
@@ -310,9 +349,10 @@ def build_plan(
     return Plan(profile, inputs, argv, env, managed, sources, dict(model_config or {}))
 
 
-def _fit(plan: Plan, gpus: Sequence[Any] | None) -> fit.Fit | None:
+def _fit(ready: Validated, gpus: Sequence[Any] | None) -> fit.Fit | None:
     """The fit check for a profile that names its GPU memory, with the probed memory when the
     GPUs were probed and report it, else the profile's nominal value. Refuses when it fails."""
+    plan = ready.plan
     profile, inputs = plan.profile, plan.inputs
     if profile.gpu_memory_gib is None:
         return None
@@ -328,7 +368,7 @@ def _fit(plan: Plan, gpus: Sequence[Any] | None) -> fit.Fit | None:
         quant_algo=profile.model.quant_algo,
         tp=inputs.tp,
         gpu_memory=memory,
-        argv=plan.argv,
+        args=ready.args,
     )
     fit.check_fit(result, profile.name, where)
     return result
@@ -382,6 +422,7 @@ class Validated:
     sglang_info: dict[str, Any]
     warnings: list[str]
     shown: list[str]  # the argv as printed (secret values redacted)
+    args: sglang_argv.ServerArgs  # the SGLang argv as SGLang's parser reads it
 
 
 @dataclass(frozen=True)
@@ -412,7 +453,7 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
     if ns.dry_run:
         report = _report(
             ready.plan, ready.shown, ready.sglang_info, "not probed (--dry-run)", ready.warnings,
-            _fit(ready.plan, None),
+            _fit(ready, None),
         )  # fmt: skip
         _print_json(report, out)
         return 0
@@ -461,8 +502,6 @@ def validate(profile: Profile, inputs: Inputs, host: Host, dry_run: bool) -> Val
     environ = host.environ
     model_config = checks.check_model(profile, inputs.model_path)
     plan = build_plan(profile, inputs, environ, sys.executable, model_config)
-    backend = decode_attention_backend(plan.argv)
-    patched_path = uses_patched_path(plan.argv, sglang_versions(profile))
     site = host.sglang_site()
     # compose's launcher service dry-runs in the tools image, so that seeing the command needs
     # no SGLang base image: the plan is the same, and SGLang itself is checked where it runs.
@@ -473,15 +512,25 @@ def validate(profile: Profile, inputs: Inputs, host: Host, dry_run: bool) -> Val
         raise LaunchError(half)  # files may be mid-swap: no profile may run on them
     marker = host.read_marker(site) if site is not None and version is not None else None
     if not without_sglang:
-        checks.check_sglang(profile, site, version, marker, require_patch=patched_path)
-        assert site is not None  # check_sglang refused otherwise
-    # Asked of SGLang's own parser: `--hos` or `--tp-s=64` would override the launcher's checks.
-    # Without SGLang (the tools image's dry run) every prefix of a launcher-owned flag is refused
-    # instead, a superset of what the parser resolves to one (tests/launch checks it is no more).
-    parser = host.sglang_parser(site) if site is not None else None
-    where = f"profile '{profile.name}' arg"
-    sglang_argv.check_not_owned(parser, profile.args, LAUNCHER_OWNED_FLAGS, where)
-    sglang_argv.check_not_owned(parser, inputs.extra_args, LAUNCHER_OWNED_FLAGS, "extra SGLang arg")
+        # SGLang and its version first: the parser below is the installed one's.
+        checks.check_sglang(profile, site, version, marker, require_patch=False)
+    # Asked of SGLang's own parser: `--hos` or `--tp-s=64` would override the launcher's checks,
+    # and a value SGLang refuses would be found minutes into start-up. The installed SGLang's;
+    # without SGLang (the tools image's dry run), the stored one of the profile's line.
+    if site is not None:
+        sglang = SglangParser(host.sglang_parser(site), f"the installed SGLang {version}'s parser")
+    else:
+        sglang = stored_parser(profile)
+    check_sglang_args(sglang, profile.args, inputs.extra_args, profile)
+    # Every flag value the launcher acts on, read as SGLang will read it.
+    args = sglang_argv.ServerArgs.parse(sglang.parser, plan.argv[3:]) if sglang else (
+        sglang_argv.server_args(plan.argv[3:], sglang_versions(profile))
+    )  # fmt: skip
+    backend = decode_attention_backend(args)
+    patched_path = uses_patched_path(args, sglang_versions(profile))
+    if not without_sglang and patched_path:
+        checks.check_sglang(profile, site, version, marker, require_patch=True)
+    parser = sglang.parser if sglang is not None else None
     if patched_path and site is not None:
         problems = host.preflight(site)
         if problems:
@@ -498,7 +547,7 @@ def validate(profile: Profile, inputs: Inputs, host: Host, dry_run: bool) -> Val
         # Recorded only where it means something.
         "fp8_gather": fp8.gather if patched_path else "n/a",
     }
-    warnings = [w for w in [checks.cuda_graph_warning(plan.argv)] if w]
+    warnings = [w for w in [checks.cuda_graph_warning(args)] if w]
     if without_sglang:
         warnings.append(
             f"no SGLang in this image: its version ({' or '.join(sglang_versions(profile))} "
@@ -506,7 +555,7 @@ def validate(profile: Profile, inputs: Inputs, host: Host, dry_run: bool) -> Val
         )
     shown = sglang_argv.redact(parser, plan.argv)  # what is printed; SGLang gets plan.argv
     return Validated(
-        plan, backend, patched_path, site, version, marker, fp8, sglang_info, warnings, shown
+        plan, backend, patched_path, site, version, marker, fp8, sglang_info, warnings, shown, args
     )
 
 
@@ -520,7 +569,7 @@ def check_host(ready: Validated, host: Host, err: Any) -> tuple[str, fit.Fit | N
     checks.check_gpus(plan.profile, inputs.tp, gpus, inputs.allow_any_arch, inputs.nnodes)
     local = gpus[: inputs.tp // inputs.nnodes]
     gpu_line = ", ".join(f"{g.index}:{g.name} (sm {g.capability_str})" for g in local)
-    fitted = _fit(plan, gpus)
+    fitted = _fit(ready, gpus)
     fp8_gather = ready.fp8.gather if ready.patched_path else ""
     # The patched SGLang turns the gather off by itself on such GPUs: say so, record what runs.
     unsupported = checks.fp8_gather_unsupported(local) if fp8_gather == "on" else None
@@ -558,7 +607,7 @@ def self_test(
         return env, decode
     # The shape the self-test times both decode paths at: this model's heads per rank and
     # this server's decode batches (pathtiming); the server ignores these variables.
-    env.update(checks.decode_timing_env(plan.argv, plan.model_config, plan.inputs.tp))
+    env.update(checks.decode_timing_env(ready.args, plan.model_config, plan.inputs.tp))
     status, detail, native, timing = host.run_selftest(env)
     if status not in ("passed", "skipped"):
         raise LaunchError(

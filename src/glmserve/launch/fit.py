@@ -21,11 +21,14 @@ it into 656 bytes plus a 132-byte indexer key.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from glmserve.launch.errors import LaunchError
+
+if TYPE_CHECKING:
+    from glmserve.launch.sglang_argv import ServerArgs
 
 GIB = 1024**3
 MIB = 1024**2
@@ -113,25 +116,14 @@ def kv_bytes_per_token(config: Mapping[str, Any], kv_dtype: str, backend: str | 
     return layers * row * (1 if fp8 else BF16_BYTES)
 
 
-def last_value(argv: Sequence[str], flag: str) -> str | None:
-    """The value argparse would keep for a store option (its last occurrence)."""
-    value = None
-    for i, token in enumerate(argv):
-        if token == flag and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif token.startswith(flag + "="):
-            value = token.split("=", 1)[1]
-    return value
-
-
-def default_mem_fraction(gpu_memory: int, tp: int, argv: Sequence[str]) -> float:
+def default_mem_fraction(gpu_memory: int, tp: int, args: ServerArgs) -> float:
     """The pinned SGLang's own choice when --mem-fraction-static is not given
     (server_args._handle_gpu_memory_settings): reserve room for activations of one prefill
     chunk (1.5 MB per token), CUDA graphs (2 MB per batch size) and TP (1 GB per 8 ranks),
     at least 10 GB on GPUs over 60 GB, and give the rest to weights + KV."""
     mib = gpu_memory / MIB
-    chunk = last_value(argv, "--chunked-prefill-size")
-    graphs = last_value(argv, "--cuda-graph-max-bs")
+    chunk = args.get("--chunked-prefill-size")
+    graphs = args.get("--cuda-graph-max-bs")
     default_chunk, default_graphs = (16384, 512) if mib >= 160 * 1024 else (8192, 512)
     if mib < 160 * 1024 and tp < 4:
         default_graphs = 256
@@ -149,22 +141,23 @@ def compute_fit(
     quant_algo: str | None,
     tp: int,
     gpu_memory: int,
-    argv: Sequence[str],
+    args: ServerArgs,
 ) -> Fit:
-    """Per-GPU budget for a server started with `argv` (the final SGLang argv)."""
+    """Per-GPU budget for a server started with `args` (the final SGLang argv, as SGLang's
+    parser reads it: an abbreviated or repeated flag counts as SGLang counts it)."""
     split, repeated = weight_bytes(config, quantized_experts=(quant_algo or "").upper() == "NVFP4")
     per_gpu = split // tp + repeated
-    fraction_raw = last_value(argv, "--mem-fraction-static")
-    fraction = float(fraction_raw) if fraction_raw else default_mem_fraction(gpu_memory, tp, argv)
-    kv_dtype = last_value(argv, "--kv-cache-dtype") or "auto"
-    per_token = kv_bytes_per_token(config, kv_dtype, last_value(argv, "--attention-backend"))
+    given = args.get("--mem-fraction-static")
+    fraction = float(given) if given is not None else default_mem_fraction(gpu_memory, tp, args)
+    kv_dtype = args.get("--kv-cache-dtype") or "auto"
+    per_token = kv_bytes_per_token(config, kv_dtype, args.get("--attention-backend"))
     budget = int(gpu_memory * fraction) - per_gpu
-    context = last_value(argv, "--context-length") or config.get("max_position_embeddings")
+    context = args.get("--context-length") or config.get("max_position_embeddings")
     return Fit(
         tp=tp,
         gpu_memory=gpu_memory,
         mem_fraction_static=fraction,
-        fraction_source="argv" if fraction_raw else "SGLang default",
+        fraction_source="argv" if given is not None else "SGLang default",
         weights_per_gpu=per_gpu,
         kv_bytes_per_token=per_token,
         kv_pool_tokens=max(budget, 0) // per_token,
@@ -174,7 +167,12 @@ def compute_fit(
 
 def check_fit(fit: Fit, profile_name: str, where: str) -> None:
     """Refuse in one line when the weights do not fit, or leave no room for one full-length
-    request's KV."""
+    request's KV, or the fraction itself is impossible (more memory than the GPU has)."""
+    if not 0 < fit.mem_fraction_static <= 1:
+        raise LaunchError(
+            f"profile '{profile_name}': --mem-fraction-static {fit.mem_fraction_static:g} is "
+            "not a fraction of GPU memory, in (0, 1]"
+        )
     if fit.fits:
         return
     usable = fit.gpu_memory * fit.mem_fraction_static / GIB
