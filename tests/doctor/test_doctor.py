@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -235,11 +234,23 @@ def test_profile_and_service_names(capsys):
     ]
 
 
+EMULATED_ONLY = ("--profile", "emulated", "emulator")
+
+
 def test_fleet_variables_are_checked_by_the_fleet(capsys):
     environ = {"FLEET_EMULATED": "1", "FLEET_EMULATED_REPLICAS": "0"}
     rc, lines, _ = doctor(capsys, "--profile", "emulated", "emulator", environ=environ)
     assert rc == 1
-    assert lines == ["glmserve.doctor: glmserve.fleet: error: FLEET_EMULATED_REPLICAS must be >= 1"]
+    assert lines == [
+        "glmserve.doctor: FLEET_EMULATED_REPLICAS='0' (environment): glmserve.fleet: error: "
+        "FLEET_EMULATED_REPLICAS must be >= 1"
+    ]
+    # Checked even where .env describes no fleet yet: a typo is found before it is rendered.
+    rc, lines, _ = doctor(capsys, *EMULATED_ONLY, environ={"ROUTER_POLICY": "fastest"})
+    assert rc == 1
+    (line,) = lines
+    assert line.startswith("glmserve.doctor: ROUTER_POLICY='fastest' (environment): ")
+    assert "router policy 'fastest' is not one of" in line
 
 
 def test_in_compose_checks_values_and_names_without_the_host(capsys, tmp_path):

@@ -207,9 +207,32 @@ def value_problems(
         if said:
             problems.append(f"{shown(name, values[name])} ({where[name]}): {said}")
             named.add(name)
+    problems += _fleet_problems(values, where, named)
+    return problems
+
+
+def _fleet_problems(
+    values: Mapping[str, str], where: Mapping[str, str], named: set[str]
+) -> list[str]:
+    """The fleet's variables through the fleet's own reader, each alone (on an emulated fleet
+    when .env describes none, so a typo there is found before the fleet is ever rendered),
+    then all together."""
     fleet_values = {k: v for k, v in values.items() if k.startswith(FLEET_PREFIXES)}
-    if any(values.get(name, "").strip() for name in FLEET_IN_USE):
-        said = fleet({**fleet_values, "GLMSERVE_PROFILE": values.get("GLMSERVE_PROFILE", "")})
+    shape = {n: values[n] for n in FLEET_IN_USE if values.get(n, "").strip()}
+    base = {
+        "GLMSERVE_PROFILE": values.get("GLMSERVE_PROFILE", ""),
+        **(shape or {"FLEET_EMULATED": "1"}),
+    }
+    problems = []
+    for name in sorted(set(fleet_values) - named):
+        if not fleet_values[name].strip():
+            continue  # empty: the fleet's default
+        said = fleet({**base, name: fleet_values[name]})
         if said:
+            problems.append(f"{shown(name, values[name])} ({where[name]}): {said}")
+            named.add(name)
+    if not problems:
+        said = fleet({**base, **fleet_values})
+        if said and shape:
             problems.append(said)
     return problems
