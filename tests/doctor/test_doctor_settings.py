@@ -24,12 +24,14 @@ EMULATED = ("--profile", "emulated", "emulator", "exporter", "prometheus")
 def test_compose_project_name_and_file_are_known_and_read(capsys, tmp_path):
     """docker/demo.sh reads them from .env, and two stacks on one host need them."""
     override = tmp_path / "extra.yaml"
-    override.write_text("services:\n  exporter:\n    environment:\n      X: '1'\n")
+    override.write_text("services:\n  extra:\n    image: busybox:1.37\n    profiles: [emulated]\n")
     env = env_file(
         tmp_path, f"COMPOSE_PROJECT_NAME=second-stack\nCOMPOSE_FILE=compose.yaml:{override}\n"
     )
-    rc, lines, out = doctor(capsys, "--env-file", str(env), *EMULATED)
-    assert (rc, lines) == (0, []), lines
+    rc, lines, _ = doctor(capsys, "--env-file", str(env), *EMULATED, "extra")
+    assert (rc, lines) == (0, []), lines  # the service the .env's COMPOSE_FILE adds is known
+    rc, lines, _ = doctor(capsys, *EMULATED, "extra")
+    assert lines == ["glmserve.doctor: no service 'extra' in the compose files"]  # control
     # COMPOSE_FILE is relative to the project dir, as compose reads it; one it cannot read is
     # the one line (nothing else can be checked without the services).
     env = env_file(tmp_path, "COMPOSE_FILE=compose.yaml:missing.yaml\n")
