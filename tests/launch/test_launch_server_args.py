@@ -14,7 +14,6 @@ imports, so `--reasoning-parser glm45` is checked too.
 from __future__ import annotations
 
 import argparse
-import zipfile
 from collections.abc import Callable
 
 import pytest
@@ -36,7 +35,7 @@ def _wheel_specs(version: str, require) -> list[OptionSpec]:
     except PatchError as exc:
         require(False, f"cannot get the sglang {version} wheel: {exc}")
         raise
-    return argspec.from_wheel(wheel, zipfile)
+    return argspec.from_wheel(wheel)
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +87,7 @@ def test_the_parse_sees_the_real_parser(specs):
 @pytest.mark.parametrize("version", sorted(sglang_lines.LINES))
 def test_the_stored_options_are_the_wheels(version, require):
     """sglang_args/<line>.json, what the dry run checks without SGLang, is exactly what the
-    line's wheel gives (regenerate: python -m glmserve.launch.argspec --write)."""
+    line's wheel gives (regenerate: python -m glmserve.launch.argstore --write)."""
     stored = (argspec.SHIPPED_DIR / f"{version}.json").read_text(encoding="utf-8")
     assert stored == argspec.dumps(_wheel_specs(version, require), version)
     assert argspec.shipped(version) == tuple(_wheel_specs(version, require))

@@ -19,7 +19,10 @@ CURRENT_PROFILE = "tiny-mla-78l-sglang0.5.17"
 
 # (extra args after --, a fragment of the one line). Each would have reached SGLang.
 BAD_EXTRA_ARGS = [
-    (["--mem-fraction-static", "abc"], "argument --mem-fraction-static: invalid float value: 'abc'"),
+    (
+        ["--mem-fraction-static", "abc"],
+        "argument --mem-fraction-static: invalid float value: 'abc'",
+    ),
     (["--context-length", "abc"], "argument --context-length: Invalid integer value: 'abc'"),
     (["--mem-fraction-static", "1.5"], "--mem-fraction-static 1.5 is not a fraction of GPU memory"),
     (["--mem-fraction-static", "0"], "--mem-fraction-static 0 is not a fraction of GPU memory"),

@@ -15,7 +15,7 @@ source instead, never imported:
   live in per-namespace classes (`arg_groups/fields/*.py`, each with a `_NS_PATH`).
 
 The same data is stored per SGLang line in `sglang_args/<version>.json` (regenerated from the
-wheels: `python -m glmserve.launch.argspec --write`; tests/launch checks it against them), so
+wheels: `python -m glmserve.launch.argstore --write`; tests/launch checks it against them), so
 the dry run checks the profile's line without SGLang. `parser()` then builds the parser with
 SGLang's types (stdlib copies of its converters, under the same names, so argparse words each
 refusal as SGLang's own parser would) and choices: a value SGLang would refuse after minutes of
@@ -29,7 +29,6 @@ import ast
 import functools
 import json
 import re
-import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -484,8 +483,10 @@ def read_site(site: Path) -> list[OptionSpec]:
 
 
 def dumps(specs: Iterable[OptionSpec], version: str) -> str:
-    """The stored form: one option per line, so a new SGLang line diffs option by option."""
-    head = json.dumps({"format": FORMAT, "sglang": version})[:-1]
+    """The stored form: one option per line, so a new SGLang line diffs option by option. The
+    file's name is the line (glmserve.sglang_lines is the one place that spells versions)."""
+    del version
+    head = json.dumps({"format": FORMAT})[:-1]
     lines = ",\n".join(json.dumps(s.as_json()) for s in specs)
     return f'{head}, "options": [\n{lines}\n]}}\n'
 
@@ -567,42 +568,10 @@ def parser_from_source(source: str, field_sources: tuple[str, ...] = ()) -> argp
     return parser(tuple(read_source(source, field_sources)))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Regenerate sglang_args/<line>.json from the real wheels (downloaded once into
-    .cache/wheels): `python -m glmserve.launch.argspec --write`, or `--check`."""
+def from_wheel(wheel: Path) -> list[OptionSpec]:
+    """The options of the SGLang in a wheel (server_args.py, the field modules, registries)."""
     import zipfile
 
-    from glmserve import sglang_lines
-    from glmserve.series.errors import PatchError
-    from glmserve.series.wheels import fetch_wheel
-
-    p = argparse.ArgumentParser(prog="python -m glmserve.launch.argspec", description=main.__doc__)
-    p.add_argument("--write", action="store_true", help="write the files (default: check them)")
-    args = p.parse_args(argv)
-    stale = []
-    for version in sorted(sglang_lines.LINES):
-        try:
-            text = dumps(from_wheel(fetch_wheel(version), zipfile), version)
-        except PatchError as exc:
-            print(f"argspec: {exc}", file=sys.stderr)
-            return 1
-        path = SHIPPED_DIR / f"{version}.json"
-        if not path.is_file() or path.read_text(encoding="utf-8") != text:
-            stale.append(path.name)
-            if args.write:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(text, encoding="utf-8")
-    if stale and not args.write:
-        print(f"argspec: stale: {', '.join(stale)} (run with --write)", file=sys.stderr)
-        return 1
-    print(
-        f"argspec: {'wrote' if args.write and stale else 'up to date:'} {', '.join(stale) or 'all'}"
-    )
-    return 0
-
-
-def from_wheel(wheel: Path, zipfile: Any) -> list[OptionSpec]:
-    """The options of the SGLang in a wheel (server_args.py, the field modules, registries)."""
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         fields = tuple(
@@ -618,7 +587,3 @@ def from_wheel(wheel: Path, zipfile: Any) -> list[OptionSpec]:
             return zf.read(path).decode("utf-8") if path in names else ""
 
         return read_source(zf.read(SERVER_ARGS_FILE).decode("utf-8"), fields, read_module)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
