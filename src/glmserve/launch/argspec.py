@@ -491,10 +491,6 @@ def dumps(specs: Iterable[OptionSpec], version: str) -> str:
     return f'{head}, "options": [\n{lines}\n]}}\n'
 
 
-def shipped_versions() -> list[str]:
-    return sorted(p.stem for p in SHIPPED_DIR.glob("*.json"))
-
-
 @functools.lru_cache(maxsize=8)
 def shipped(version: str) -> tuple[OptionSpec, ...] | None:
     """The stored options of an SGLang line, or None when none are stored for it."""
