@@ -138,3 +138,17 @@ def test_the_doctor_refuses_the_same_extra_args(tmp_path: Path):
     (line,) = proc.stderr.splitlines()
     assert line.startswith("glmserve.doctor: GLMSERVE_EXTRA_ARGS=")
     assert "argument --cuda-graph-max-bs: invalid int value: 'abc'" in line
+
+
+def test_the_model_dir_is_named_as_the_user_set_it(tmp_path: Path):
+    """Under compose the launcher sees /model; the plan and a refusal name MODEL_DIR too."""
+    mounted = {"GLMSERVE_MODEL_HOST_PATH": str(GLM_FIXTURE), "GLMSERVE_PROFILE": RTX_PROFILE}
+    proc = launch("--dry-run", "--model-path", str(GLM_FIXTURE), env=mounted)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["model_path_on_host"] == str(GLM_FIXTURE)
+    missing = {**mounted, "GLMSERVE_MODEL_HOST_PATH": "/models/GLM-5-NVFP4"}
+    line = one_line(launch("--dry-run", "--model-path", str(tmp_path / "model"), env=missing))
+    assert line == (
+        f"glmserve.launch: error: model dir {tmp_path / 'model'} (MODEL_DIR=/models/GLM-5-NVFP4 "
+        "on the host) does not exist (is the volume mounted?)"
+    )

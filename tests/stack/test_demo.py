@@ -231,7 +231,7 @@ def test_the_launcher_dry_run_needs_no_server_image(emulated_stack: Stack) -> No
         "GLMSERVE_IMAGE": "glmserve-test/no-such-server:absent",
         "GLMSERVE_PULL_POLICY": "never",  # the tools image is built; `run` must not rebuild it
     }
-    base = ["docker", "compose", "--profile", "launcher"]
+    base = ["docker", "compose", "--progress", "quiet", "--profile", "launcher"]
     started = time.monotonic()
     try:
         proc = run([*base, "run", "--rm", "-T", "launcher", "--dry-run"], env=env, timeout=120)
@@ -239,6 +239,7 @@ def test_the_launcher_dry_run_needs_no_server_image(emulated_stack: Stack) -> No
         run([*base, "down", "-v", "-t", "5"], env=env, check=False, timeout=120)
     report = json.loads(proc.stdout)
     assert report["profile"] == "glm5-nvfp4-rtxpro6000-tp8" and report["model_path"] == "/model"
+    assert report["model_path_on_host"] == str(FAKE_GLM5)  # the MODEL_DIR the user set
     assert report["argv"][1:3] == ["-m", "sglang.launch_server"]
     assert report["sglang"]["version"].startswith("not installed here")
     print(f"launcher dry run in {time.monotonic() - started:.1f} s")

@@ -38,6 +38,9 @@ NOT_HERE = "not installed here (checked when the server image starts)"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 30000
 EXTRA_ARGS_ENV = "GLMSERVE_EXTRA_ARGS"
+# Under compose the model is mounted at a container path; this names the host folder behind it
+# (MODEL_DIR), so that the plan and a refusal say the path the user set, not only /model.
+MODEL_HOST_ENV = "GLMSERVE_MODEL_HOST_PATH"
 
 # Input name -> environment variable. The CLI wins over the environment, which wins over the
 # profile; docs/launch.md lists the same table.
@@ -374,6 +377,14 @@ def _fit(ready: Validated, gpus: Sequence[Any] | None) -> fit.Fit | None:
     return result
 
 
+def on_the_host(message: str, model_path: Path, environ: Mapping[str, str]) -> str:
+    """`message` with the model's container path followed by the host folder mounted there."""
+    host_path = environ.get(MODEL_HOST_ENV, "").strip()
+    if not host_path or host_path == str(model_path):
+        return message
+    return message.replace(str(model_path), f"{model_path} (MODEL_DIR={host_path} on the host)", 1)
+
+
 def _report(
     plan: Plan,
     shown_argv: list[str],
@@ -386,6 +397,8 @@ def _report(
         "profile": plan.profile.name,
         "profile_file": str(plan.profile.path),
         "model_path": str(plan.inputs.model_path),
+        # Under compose: the host folder mounted at model_path (MODEL_DIR); else model_path.
+        "model_path_on_host": plan.env.get(MODEL_HOST_ENV) or str(plan.inputs.model_path),
         "tp": plan.inputs.tp,
         "nnodes": plan.inputs.nnodes,
         "fit": None if fitted is None else fitted.as_dict(),
@@ -500,7 +513,10 @@ def validate(profile: Profile, inputs: Inputs, host: Host, dry_run: bool) -> Val
     """The model, SGLang and its patch, the argv, the switches and the cache dir, in the order
     the refusals are most useful; nothing starts."""
     environ = host.environ
-    model_config = checks.check_model(profile, inputs.model_path)
+    try:
+        model_config = checks.check_model(profile, inputs.model_path)
+    except LaunchError as exc:
+        raise LaunchError(on_the_host(str(exc), inputs.model_path, environ)) from None
     plan = build_plan(profile, inputs, environ, sys.executable, model_config)
     site = host.sglang_site()
     # compose's launcher service dry-runs in the tools image, so that seeing the command needs
