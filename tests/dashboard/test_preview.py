@@ -14,6 +14,7 @@ from support.net import free_port
 
 from glmserve.dashboard.grafana import panels
 from glmserve.dashboard.preview import (
+    FADED,
     FOOTNOTE,
     LINE_STYLES,
     bucket_label,
@@ -220,6 +221,6 @@ def test_the_first_window_after_prometheus_starts_is_marked(far_axes):
     ax = far_axes["TTFT p50/p90/p99"]
     server = [line for line in ax.get_lines() if line.get_color() == ax.get_lines()[0].get_color()]
     early, late = server  # the server quantile (1m window): faded, then full with its label
-    assert early.get_alpha() == 0.3 and late.get_alpha() is None
+    assert early.get_alpha() == FADED and late.get_alpha() is None
     assert max(early.get_xdata()) == pytest.approx(60, abs=2) == min(late.get_xdata())
     assert late.get_label().startswith("server p0.5") and early.get_label().startswith("_")

@@ -53,6 +53,7 @@ SERVER_BUCKETS = {"TTFT": sglang_api.TTFT_BUCKETS, "ITL": sglang_api.ITL_BUCKETS
 # The window a recording rule's name ends with (`...:rate1m`, `...:quantile5m`): for that long
 # after Prometheus starts, the rule sees less than a window of data and reads low.
 _WINDOW = re.compile(r":[a-z]+(\d+)([ms])$")
+FADED = 0.4  # the alpha of a line over its rule's first window
 FOOTNOTE = (
     "Rates and quantiles use the window their rule names (1m, 5m) and move at each scrape; a "
     "line is faded for its first window after Prometheus started, when it reads low. SGLang counts "
@@ -227,7 +228,7 @@ def _plot_after_window(
     if cut == 0:
         ax.plot(xs, ys, label=label, **style)
         return
-    (early,) = ax.plot(xs[: cut + 1], ys[: cut + 1], alpha=0.3, **style)
+    (early,) = ax.plot(xs[: cut + 1], ys[: cut + 1], alpha=FADED, **style)
     ax.plot(xs[cut:], ys[cut:], label=label, **{"color": early.get_color(), **style})
 
 
