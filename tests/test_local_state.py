@@ -1,6 +1,6 @@
-"""The tests read no local state they did not set up: with a user's `.env` in the checkout
-(the README's first step is `cp .env.example .env`, then edits), the tests that read env files,
-compose.yaml or the launcher's inputs still pass.
+"""The tests read no local state they did not set up: with a user's `.env` and `locust.conf` in
+the checkout (the README's first step is `cp .env.example .env`, then edits), the tests that read
+env files, compose.yaml, the launcher's inputs or Locust's settings still pass.
 
 A copy of the checkout's tracked files gets a hostile `.env` (the example plus bad values and
 moved ports), and those tests run there in a child pytest. Before this, `make test` after the
@@ -26,7 +26,11 @@ AFFECTED = [
     "tests/test_envfile.py",
     "tests/fleet/test_fleet_compose.py",
     "tests/launch/test_launch_values.py",
+    # Locust reads locust.conf from its working directory and ~/.locust.conf.
+    "tests/loadtest/test_loadtest_usability.py",
 ]
+# A user's Locust settings: every run would then breach an SLO it never asked for.
+HOSTILE_LOCUST_CONF = "slo-tpot-ms = 0.001\nusers = 3\n"
 HOSTILE = """
 # A user's edits after `cp .env.example .env`: every one of these would fail a test that read it.
 EMULATOR_TPOT_MS=oops
@@ -60,6 +64,7 @@ def tracked_copy(dest: Path) -> Path:
 def test_the_tests_that_read_env_files_pass_with_a_users_env_in_the_checkout(tmp_path):
     checkout = tracked_copy(tmp_path / "checkout")
     (checkout / ".env").write_text((REPO / ".env.example").read_text() + HOSTILE)
+    (checkout / "locust.conf").write_text(HOSTILE_LOCUST_CONF)
     env = {
         k: v
         for k, v in os.environ.items()
