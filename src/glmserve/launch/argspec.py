@@ -64,6 +64,13 @@ class OptionSpec:
     type: str | None = None  # a converter name (CONVERTERS); None or unknown: any string
     choices: tuple[Any, ...] | None = None  # None: any value
 
+    def __post_init__(self) -> None:
+        # Hashable throughout (parsers are cached by their options): a literal list const or
+        # nargs becomes a tuple.
+        for key in ("const", "nargs"):
+            if isinstance(getattr(self, key), list):
+                object.__setattr__(self, key, tuple(getattr(self, key)))
+
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"options": list(self.options), "dest": self.dest}
         if self.action != "store":
