@@ -69,8 +69,10 @@ if [ ${#stand_ins[@]} -gt 0 ]; then
         [ -n "$key" ] && export "$key=$value"
     done <<<"$bases"
     # Only this run uses them; other compose commands (a launcher dry run, Locust's profile)
-    # build from the same bases once .env names them.
-    say "for other docker compose commands on this host, put in .env: $(echo $bases)"
+    # build from the same bases once .env names them: one NAME=VALUE per line, as .env takes
+    # them (printed on one line, a paste made one value of both, and the build failed).
+    say "for other docker compose commands on this host, add these lines to .env:"
+    printf '%s\n' $bases
 fi
 
 # pip inside the tools build goes through this host's network; behind a TLS-intercepting proxy
@@ -115,5 +117,7 @@ echo "TPOT in Prometheus (the lines fill in over the first minutes):"
 echo "The dashboard as a PNG, without Grafana:"
 echo "  .venv/bin/python -m glmserve.dashboard.preview --prometheus $prometheus --output dashboard-preview.png"
 echo "Load it (another shell):"
-echo "  . .venv/bin/activate && locust -f loadtest/decode.py --headless -H $sglang -u 8 --measure-s 60 --slo-tpot-ms 50"
+# The dashboard's SLO line and alerts use the exporter's TPOT_SLO_S: the run judges by it too.
+slo_ms="$("$PY" -c 'from glmserve.exporter.canary import TPOT_SLO_S; print(f"{TPOT_SLO_S * 1000:g}")')"
+echo "  . .venv/bin/activate && locust -f loadtest/decode.py --headless -H $sglang -u 8 --measure-s 60 --slo-tpot-ms $slo_ms"
 echo "Stop: docker compose --profile emulated down"

@@ -3,6 +3,7 @@
 #
 #   docker/offline-images.sh save DIR [--with-server]   # where Docker Hub and PyPI are reachable
 #   docker/offline-images.sh load DIR                   # on the air-gapped host, from the repo root
+#   docker/offline-images.sh refs [--with-server]       # only list the images save would take
 #
 # save: builds the tools image (and with --with-server the patched server image, ~20 GB) through
 # compose, pulls Prometheus and Grafana by their pinned digests, and writes DIR/images.tar
@@ -14,24 +15,39 @@
 #
 #   docker/offline-images.sh load DIR >> .env && docker compose --profile emulated up
 #
-# Image names come from compose's own variables (PROMETHEUS_IMAGE, GRAFANA_IMAGE,
-# GLMSERVE_TOOLS_IMAGE, GLMSERVE_IMAGE), so .env overrides apply to both ends.
+# Image names are compose's own answer (`docker compose config`): .env, the shell and nested
+# defaults (GLMSERVE_IMAGE's default holds ${SGLANG_LINE}) count as they do for `up`. Each is
+# written back under its variable (PROMETHEUS_IMAGE, GRAFANA_IMAGE, GLMSERVE_TOOLS_IMAGE,
+# GLMSERVE_IMAGE), so the loaded .env names the same images.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 die() { echo "offline-images.sh: error: $*" >&2; exit 2; }
 log() { echo "[offline-images] $*" >&2; }
 
-compose_default() {  # the default of ${NAME:-default} in compose.yaml
-    sed -n "s/.*\${$1:-\([^}]*\)}.*/\1/p" compose.yaml | head -n1
+# The service whose image each variable names.
+declare -A SERVICE_OF=([PROMETHEUS_IMAGE]=prometheus [GRAFANA_IMAGE]=grafana
+    [GLMSERVE_TOOLS_IMAGE]=doctor [GLMSERVE_IMAGE]=sglang)
+config_json=""
+ref_of() {  # VAR -> the image compose would run for its service
+    if [ -z "$config_json" ]; then
+        config_json="$(COMPOSE_PROFILES=gpu docker compose config --format json)" \
+            || die "docker compose config failed (above); fix .env first (python -m glmserve.doctor)"
+    fi
+    python3 -c 'import json, sys; print(json.loads(sys.argv[1])["services"][sys.argv[2]].get("image", ""))' \
+        "$config_json" "${SERVICE_OF[$1]}"
 }
-ref_of() { local name=$1; echo "${!name:-$(compose_default "$name")}"; }
+variables() {  # [--with-server]: the variables whose images a bundle holds
+    echo PROMETHEUS_IMAGE GRAFANA_IMAGE GLMSERVE_TOOLS_IMAGE
+    [ "${1:-}" = 1 ] && echo GLMSERVE_IMAGE
+    return 0
+}
 tag_of() { echo "${1%%@*}"; }  # name:tag@sha256:... -> name:tag
 
 save() {
     local dir=$1 with_server=$2
     mkdir -p "$dir"
-    local refs=() vars=(PROMETHEUS_IMAGE GRAFANA_IMAGE GLMSERVE_TOOLS_IMAGE)
-    [ "$with_server" = 1 ] && vars+=(GLMSERVE_IMAGE)
+    local refs=() vars
+    read -r -a vars <<<"$(variables "$with_server" | tr '\n' ' ')"
     # OFFLINE_NO_BUILD=1: save the images as they are (already built; the tests use it).
     if [ -z "${OFFLINE_NO_BUILD:-}" ]; then
         local services=(doctor)  # the service that builds the tools image
@@ -90,5 +106,9 @@ load)
     [ $# -eq 2 ] || die "usage: docker/offline-images.sh load DIR"
     load "$2"
     ;;
-*) die "usage: docker/offline-images.sh save DIR [--with-server] | load DIR" ;;
+refs)
+    case "$#:${2:-}" in 1:) server=0 ;; 2:--with-server) server=1 ;; *) die "usage: docker/offline-images.sh refs [--with-server]" ;; esac
+    for var in $(variables "$server"); do echo "$var=$(ref_of "$var")"; done
+    ;;
+*) die "usage: docker/offline-images.sh save DIR [--with-server] | load DIR | refs [--with-server]" ;;
 esac

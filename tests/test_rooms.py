@@ -5,6 +5,7 @@ GPU, takes nothing from the preflight, and each kernel has one definition, self-
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -130,3 +131,42 @@ def test_each_kernel_is_defined_once_in_the_repository() -> None:
     counts = {name: len(paths) for name, paths in found.items()}
     assert counts == expected, {n: p for n, p in found.items() if len(p) != 1}
     assert all(paths[0].startswith("src/glmserve/kernels/") for paths in found.values()), found
+
+
+def test_no_product_module_needs_the_test_instruments() -> None:
+    """glmserve.testing is left out of the wheel (pyproject.toml), so nothing shipped imports it."""
+    pyproject = (SRC.parent / "pyproject.toml").read_text()
+    assert 'exclude = ["glmserve.testing", "glmserve.testing.*"]' in pyproject
+    shipped = [p.name for p in (SRC / "glmserve").iterdir() if p.is_dir() and p.name != "testing"]
+    found = [
+        line
+        for room in shipped
+        for line in offenders(room, lambda name: not name.startswith("glmserve.testing"))
+    ]
+    assert found == []
+
+
+def test_nothing_shipped_is_there_only_for_the_tests() -> None:
+    """A public function or class of the package that only tests use belongs in tests/support
+    or glmserve.testing (a test oracle once shipped in the self-test, a fleet writer that only
+    a test called was documented as "the code compose uses"). Used means named anywhere else:
+    the package, the scripts, the bench, the compose and docker files, or the docs (an API the
+    docs point at is the product's)."""
+    root = SRC.parent
+    shipped = [p for p in (SRC / "glmserve").rglob("*.py") if "testing" not in p.parts]
+    elsewhere = [*shipped, *root.glob("bench/**/*.py"), *root.glob("loadtest/*.py"),
+                 *root.glob("patches/*.py"), *root.glob("docker/*.sh"), *root.glob("docs/*.md"),
+                 root / "Dockerfile", root / "compose.yaml", root / "README.md"]  # fmt: skip
+    text = {p: p.read_text(encoding="utf-8") for p in elsewhere}
+    only_tests = []
+    for path in shipped:
+        for node in ast.parse(text[path]).body:
+            if not isinstance(node, (ast.FunctionDef, ast.ClassDef)) or node.name.startswith("_"):
+                continue
+            if node.name == "main":
+                continue
+            word = re.compile(rf"\b{re.escape(node.name)}\b")
+            uses = sum(len(word.findall(t)) for t in text.values())
+            if uses <= 1:  # its own definition
+                only_tests.append(f"{path.relative_to(SRC)}: {node.name}")
+    assert only_tests == []

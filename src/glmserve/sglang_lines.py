@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import re
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -170,24 +169,14 @@ def build_args(version: str = DEFAULT_LINE) -> dict[str, str]:
     return {"SGLANG_LINE": line.version, "BASE_IMAGE": line.base_image}
 
 
-def _dist_version(site: Path, project: str) -> str | None:
-    """Version of a distribution from its dist-info METADATA under `site` (never imported)."""
-    stem = re.sub(r"[-_.]+", "_", project).lower()
-    for meta in sorted(site.glob("*.dist-info/METADATA")):
-        name = meta.parent.name[: -len(".dist-info")]
-        if re.sub(r"[-_.]+", "_", name.rsplit("-", 1)[0]).lower() != stem:
-            continue
-        for raw in meta.read_text(encoding="utf-8", errors="replace").splitlines():
-            if raw.startswith("Version:"):
-                return raw.split(":", 1)[1].strip()
-    return None
-
-
 def _installed(site: Path, project: str) -> str | None:
     """The project's version beside SGLang in `site`; for an editable SGLang checkout (the
     official images install it so, outside site-packages) this interpreter's environment."""
-    if any(site.glob("sglang-*.dist-info")):
-        return _dist_version(site, project)
+    from glmserve.series.detect import dist_versions
+
+    if dist_versions(site, "sglang"):
+        found = dist_versions(site, project)
+        return found[-1] if found else None
     try:
         return importlib.metadata.version(project)
     except importlib.metadata.PackageNotFoundError:

@@ -5,10 +5,23 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from glmserve.dashboard import grafana as dashboard
+
+
+def walk_panels(board: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every query panel, including those inside (collapsed) rows."""
+    out = []
+    for panel in board["panels"]:
+        if panel["type"] == "row":
+            out.extend(panel.get("panels", []))
+        else:
+            out.append(panel)
+    return out
+
 
 ROOT = Path(__file__).resolve().parents[2]
 MON = ROOT / "monitoring"
@@ -55,7 +68,7 @@ def test_datasource_is_a_variable_never_a_uid():
     variables = {v["name"]: v for v in d["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
-    for panel in dashboard.walk_panels(d):
+    for panel in walk_panels(d):
         assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
         for target in panel["targets"]:
             assert target["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
@@ -67,14 +80,14 @@ def test_schema_is_sane():
     d = load()
     assert d["uid"] and d["title"] == "TPOT" and isinstance(d["schemaVersion"], int)
     rows = [p for p in d["panels"] if p["type"] == "row"]
-    ids = [p["id"] for p in [*rows, *dashboard.walk_panels(d)]]
+    ids = [p["id"] for p in [*rows, *walk_panels(d)]]
     assert len(ids) == len(set(ids)), "panel ids must be unique"
     cells: set[tuple[int, int]] = set()
     for row in rows:
         g = row["gridPos"]
         assert (g["x"], g["w"], g["h"]) == (0, 24, 1) and row["title"], row
         cells |= {(x, g["y"]) for x in range(24)}
-    for p in dashboard.walk_panels(d):
+    for p in walk_panels(d):
         g = p["gridPos"]
         assert g["w"] > 0 and g["h"] > 0 and g["x"] >= 0 and g["x"] + g["w"] <= 24, p["title"]
         area = {
@@ -92,7 +105,7 @@ def test_schema_is_sane():
 
 
 def test_issue_panels_are_present():
-    titles = " | ".join(p["title"] for p in dashboard.walk_panels(load()))
+    titles = " | ".join(p["title"] for p in walk_panels(load()))
     for needle in ("TPOT p50/p90/p99 - canary", "TPOT - server side", "ITL", "TTFT",
                    "Output tokens/s", "Running and queued", "KV cache tokens: used vs pool",
                    "SLO attainment", "Build / patch status"):  # fmt: skip
@@ -100,7 +113,7 @@ def test_issue_panels_are_present():
 
 
 def test_itl_and_tpot_definitions_are_in_the_descriptions():
-    panels = {p["title"]: p for p in dashboard.walk_panels(load())}
+    panels = {p["title"]: p for p in walk_panels(load())}
     itl = next(p for t, p in panels.items() if t.startswith("ITL"))
     assert "inter-token latency" in itl["description"] and "gap/k" in itl["description"]
     tpot = next(p for t, p in panels.items() if t.startswith("TPOT p50"))
@@ -110,7 +123,7 @@ def test_itl_and_tpot_definitions_are_in_the_descriptions():
 def test_recording_rules_used_by_the_dashboard_exist():
     names = recorded_names()
     used = set()
-    for p in dashboard.walk_panels(load()):
+    for p in walk_panels(load()):
         for t in p["targets"]:
             used.update(re.findall(r"\bglmserve:[a-z0-9_:]+", t["expr"]))
     assert used, "the dashboard should read recording rules"

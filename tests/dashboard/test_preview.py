@@ -13,7 +13,16 @@ import pytest
 from support.net import free_port
 
 from glmserve.dashboard.grafana import panels
-from glmserve.dashboard.preview import LINE_STYLES, panel_exprs, preview_figure, tpot_links
+from glmserve.dashboard.preview import (
+    FADED,
+    FOOTNOTE,
+    LINE_STYLES,
+    bucket_label,
+    panel_exprs,
+    preview_figure,
+    tpot_links,
+    window_s,
+)
 
 START, END = 1_000_000.0, 1_000_300.0
 
@@ -42,7 +51,7 @@ def expr_of(title: str, legend: str) -> str:
 
 RUNNING = "Running and queued requests"
 TABLE = {
-    expr_of(RUNNING, "running"): [({}, 5.0)],
+    expr_of(RUNNING, "running"): [({}, 40.0)],
     expr_of(RUNNING, "queued"): [({}, 0.0)],
     # Equal, as on the emulator and on profiles that cap the batch at the graph size.
     expr_of(RUNNING, "CUDA graphs up to"): [({}, 64.0)],
@@ -110,7 +119,8 @@ def test_tpot_is_in_ms_with_the_slo_line(axes):
     ax = axes["TPOT p50/p90/p99 - canary (per request)"]
     assert ax.get_ylabel() == "ms"
     ys = {line.get_label(): line.get_ydata()[0] for line in ax.get_lines()}
-    assert ys["canary p0.5"] == pytest.approx(20.0) and ys["SLO"] == pytest.approx(40.0)
+    # The SLO the suggested Locust runs judge by too (tests/monitoring/test_slo.py).
+    assert ys["canary p0.5"] == pytest.approx(20.0) and ys["SLO 40 ms"] == pytest.approx(40.0)
     assert ax.get_ylim()[0] == 0
 
 
@@ -145,3 +155,72 @@ def test_unreachable_prometheus_is_one_line_and_exit_1(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot reach Prometheus" in lines[0], proc.stderr
     assert not out.exists()
+
+
+KV = "KV cache tokens: used vs pool"
+FAR = {
+    # The demo: 8 running requests under a running limit of 256, a few thousand used tokens in
+    # a 495,552-token pool. Drawn to the limits' scale, both read as a flat zero.
+    expr_of(RUNNING, "running"): [({}, 8.0)],
+    expr_of(RUNNING, "queued"): [({}, 0.0)],
+    expr_of(RUNNING, "CUDA graphs up to"): [({}, 256.0)],
+    expr_of(RUNNING, "running limit"): [({}, 256.0)],
+    expr_of(KV, "used"): [({}, 3072.0)],
+    expr_of(KV, "pool"): [({}, 495_552.0)],
+    expr_of("TTFT p50/p90/p99", "server p{{quantile}}"): [({"quantile": "0.5"}, 0.300)],
+    expr_of("TTFT p50/p90/p99", "canary p{{quantile}}"): [({"quantile": "0.5"}, 0.251)],
+}
+
+
+@pytest.fixture(scope="module")
+def far_axes() -> Iterator[dict]:
+    import matplotlib.pyplot as plt
+
+    fig, _ = preview_figure(FixedPrometheus(FAR), START, END)
+    fig.canvas.draw()
+    yield {ax.get_title(): ax for ax in fig.axes if ax.get_title()} | {
+        "<text>": [t.get_text() for t in fig.texts]
+    }
+    plt.close(fig)
+
+
+@pytest.mark.parametrize(
+    ("title", "data", "limits"),
+    [
+        (KV, 3072.0, ["pool 495,552 (off the scale)"]),
+        (
+            RUNNING,
+            8.0,
+            ["CUDA graphs up to 256 (off the scale)", "running limit 256 (off the scale)"],
+        ),
+    ],
+)
+def test_a_capacity_far_above_its_data_is_named_not_drawn(far_axes, title, data, limits):
+    ax = far_axes[title]
+    low, high = ax.get_ylim()
+    assert low == 0 and high == pytest.approx(data * 1.25)  # the axis is the data's
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert set(limits) <= set(legend), legend
+    drawn = [line for line in ax.get_lines() if len(line.get_ydata())]
+    assert max(max(line.get_ydata()) for line in drawn) == pytest.approx(data)
+
+
+def test_server_quantiles_name_the_bucket_they_are_estimated_in(far_axes):
+    """Server TTFT p50 300 ms beside the canary's 251 ms: the legend says why (SGLang's 0.2-0.4 s
+    bucket, interpolated); the canary's is per request and says nothing."""
+    legend = [t.get_text() for t in far_axes["TTFT p50/p90/p99"].get_legend().get_texts()]
+    assert "server p0.5 (bucket 200-400 ms)" in legend and "canary p0.5" in legend
+    assert bucket_label(panels()[0], "canary p0.5", 0.02) == "canary p0.5"
+    assert FOOTNOTE in "\n".join(far_axes["<text>"]).replace("\n", " ")
+
+
+def test_the_first_window_after_prometheus_starts_is_marked(far_axes):
+    assert window_s("glmserve:sglang_output_tokens_per_second:rate1m") == 60
+    assert window_s("glmserve:canary_tpot_seconds:quantile5m") == 300
+    assert window_s("max(glmserve_server_cuda_graph_max_bs)") == 0
+    ax = far_axes["TTFT p50/p90/p99"]
+    server = [line for line in ax.get_lines() if line.get_color() == ax.get_lines()[0].get_color()]
+    early, late = server  # the server quantile (1m window): faded, then full with its label
+    assert early.get_alpha() == FADED and late.get_alpha() is None
+    assert max(early.get_xdata()) == pytest.approx(60, abs=2) == min(late.get_xdata())
+    assert late.get_label().startswith("server p0.5") and early.get_label().startswith("_")

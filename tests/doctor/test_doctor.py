@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from glmserve.doctor.__main__ import main
-from glmserve.doctor.envfile import parse_env_file
 from glmserve.doctor.host import Answer, check_host
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,13 +28,35 @@ def no_gpu_host(needs_gpu: bool) -> tuple[list[str], list[str]]:
     return (["docker: no NVIDIA container runtime"] if needs_gpu else []), []
 
 
+# What the doctor reads of a checkout; everything else (a developer's own .env above all) stays
+# out of the tests' project dirs.
+PROJECT_FILES = ("compose.yaml", ".env.example", "monitoring", "loadtest")
+
+
+def make_project(root: Path) -> Path:
+    """A project dir with the checkout's compose.yaml, .env.example, monitoring/ and loadtest/,
+    and no .env unless a test writes one."""
+    root.mkdir(exist_ok=True)
+    for name in PROJECT_FILES:
+        (root / name).symlink_to(REPO / name)
+    return root
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    return make_project(tmp_path / "project")
+
+
 def doctor(
     capsys: pytest.CaptureFixture[str],
     *argv: str,
     environ: dict[str, str] | None = None,
     host=fine_host,
+    project_dir: Path | None = None,
 ) -> tuple[int, list[str], str]:
-    rc = main(["--project-dir", str(REPO), *argv], environ or {}, host)
+    if project_dir is None:  # a fresh one: the checkout's own .env is never read
+        project_dir = make_project(Path(tempfile.mkdtemp(prefix="glmserve-doctor-")))
+    rc = main(["--project-dir", str(project_dir), *argv], environ or {}, host)
     out, err = capsys.readouterr()
     return rc, err.splitlines(), out
 
@@ -213,19 +234,28 @@ def test_profile_and_service_names(capsys):
     ]
 
 
+EMULATED_ONLY = ("--profile", "emulated", "emulator")
+
+
 def test_fleet_variables_are_checked_by_the_fleet(capsys):
     environ = {"FLEET_EMULATED": "1", "FLEET_EMULATED_REPLICAS": "0"}
     rc, lines, _ = doctor(capsys, "--profile", "emulated", "emulator", environ=environ)
     assert rc == 1
-    assert lines == ["glmserve.doctor: glmserve.fleet: error: FLEET_EMULATED_REPLICAS must be >= 1"]
+    assert lines == [
+        "glmserve.doctor: FLEET_EMULATED_REPLICAS='0' (environment): glmserve.fleet: error: "
+        "FLEET_EMULATED_REPLICAS must be >= 1"
+    ]
+    # Checked even where .env describes no fleet yet: a typo is found before it is rendered.
+    rc, lines, _ = doctor(capsys, *EMULATED_ONLY, environ={"ROUTER_POLICY": "fastest"})
+    assert rc == 1
+    (line,) = lines
+    assert line.startswith("glmserve.doctor: ROUTER_POLICY='fastest' (environment): ")
+    assert "router policy 'fastest' is not one of" in line
 
 
 def test_in_compose_checks_values_and_names_without_the_host(capsys, tmp_path):
     """The doctor service: no docker inside, no --profile to see; an unreadable .env is a note."""
-    project = tmp_path / "project"
-    project.mkdir()
-    for name in ("compose.yaml", ".env.example"):
-        shutil.copy(REPO / name, project / name)
+    project = make_project(tmp_path / "project")
     (project / ".env").mkdir()  # unreadable as a file
 
     def no_host(needs_gpu: bool):
@@ -246,23 +276,6 @@ def test_in_compose_checks_values_and_names_without_the_host(capsys, tmp_path):
         "glmserve.doctor: EMULATOR_TPOT_MS='-1' (environment): python -m glmserve.emulator: "
         "error: --tpot-ms must be > 0 and finite (see --help)",
     ]
-
-
-def test_env_file_syntax_as_compose_reads_it(tmp_path):
-    path = env_file(
-        tmp_path,
-        "# comment\n\nA=plain # inline comment\nexport B='single # kept'\n"
-        'C="double \\"quoted\\""\nD=\nE=x=y\n 9BAD=1\n',
-    )
-    entries, problems = parse_env_file(path)
-    assert [(e.line, e.name, e.value) for e in entries] == [
-        (3, "A", "plain"),
-        (4, "B", "single # kept"),
-        (5, "C", 'double "quoted"'),
-        (6, "D", ""),
-        (7, "E", "x=y"),
-    ]
-    assert problems == [".env:8: not NAME=VALUE: '9BAD=1'"]
 
 
 def runner(answers: dict[tuple[str, ...], Answer]):

@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from glmserve.doctor import compose
-from glmserve.doctor.envfile import SECRETS, known_names
+from glmserve.doctor.names import COMPOSE_HOST_ONLY, known_names
+from glmserve.envfile import SECRETS
 
 REPO = Path(__file__).resolve().parents[2]
 KNOWN = known_names(REPO / ".env.example")
 SERVICES = compose.load(REPO / "compose.yaml")["services"]
 # Read by docker compose itself rather than interpolated.
-COMPOSE_OWN = {"COMPOSE_PROFILES"}
+COMPOSE_OWN = {"COMPOSE_PROFILES", *COMPOSE_HOST_ONLY}
 
 
 def passed_through(service: dict[str, Any]) -> set[str]:
@@ -57,5 +58,6 @@ def test_every_known_name_has_a_reader():
 def test_the_doctor_service_sees_every_known_name_but_the_secrets():
     given = SERVICES["doctor"]["environment"]
     assert len(given) == len(set(given)), "a name listed twice"
-    assert set(given) == {n for n in KNOWN if not SECRETS.search(n)}
+    host_only = set(COMPOSE_HOST_ONLY)
+    assert set(given) == {n for n in KNOWN if not SECRETS.search(n)} - host_only
     assert {"GRAFANA_ADMIN_PASSWORD", "HF_TOKEN"} <= KNOWN - set(given)

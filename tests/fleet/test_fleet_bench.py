@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from support.launch import dry_run_plan
 
-from glmserve.launch.fit import last_value
+from glmserve.launch.sglang_argv import server_args
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench" / "fleet" / "fleet_bench.py"
@@ -79,9 +79,10 @@ def test_the_device_server_command_passes_the_launchers_validation(tmp_path):
     environ = {"HOME": str(tmp_path), "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "fi")}
     final = dry_run_plan(argv[3:], environ)["argv"]
     # SGLang's argparse keeps the last occurrence: the bench's values override the profile's.
-    assert last_value(final, "--max-total-tokens") == str(plan.pool_tokens)
-    assert last_value(final, "--cuda-graph-max-bs") == str(plan.users)
-    assert last_value(final, "--mem-fraction-static") == "0.4"
+    values = server_args(final[3:])
+    assert values.get("--max-total-tokens") == plan.pool_tokens
+    assert values.get("--cuda-graph-max-bs") == plan.users
+    assert values.get("--mem-fraction-static") == 0.4
     assert "--sleep-on-idle" in final and final[final.index("--port") + 1] == "31001"
 
 

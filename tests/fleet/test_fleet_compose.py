@@ -169,6 +169,26 @@ def test_the_cli_writes_both_and_refuses_bad_input_with_exit_2(tmp_path, capsys)
     assert not (tmp_path / "g").exists()
 
 
+def test_the_cli_reads_env_as_compose_does(tmp_path, capsys):
+    """Through glmserve.envfile (python-dotenv), the doctor's reader: an inline comment after
+    a value, `export NAME=`, quotes; and a line that is not NAME=VALUE is one line, exit 2."""
+    env = tmp_path / "fleet.env"
+    env.write_text(
+        "FLEET_EMULATED=1 # on\n"
+        'FLEET_EMULATED_REPLICAS="2" # two\n'
+        "export ROUTER_METRICS_PORT=29123\n"
+    )
+    out = tmp_path / "f"
+    assert cli.main(["compose", "--env-file", str(env), "--out-dir", str(out)]) == 0
+    assert "replica-1: http://127.0.0.1:30002 (emulated)" in capsys.readouterr().out
+    router = json.loads((out / "targets" / "router.json").read_text())
+    assert router[0]["targets"] == ["127.0.0.1:29123"]
+    env.write_text("FLEET_EMULATED=1\nnot an assignment\n")
+    assert cli.main(["compose", "--env-file", str(env), "--out-dir", str(tmp_path / "g")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == "glmserve.fleet: error: fleet.env:2: not NAME=VALUE: 'not an assignment'"
+
+
 def test_a_refused_run_leaves_the_previous_files_untouched(tmp_path):
     """Everything is validated before anything is written: a refusal once rewrote targets/
     (workers on ports 65535-65537) while compose.yaml kept the old ports."""

@@ -2,7 +2,7 @@
 
 Three emulator processes, one exporter per worker, the router in front, all on 127.0.0.1;
 Prometheus runs monitoring/prometheus/prometheus-fleet.yml with the targets written by
-glmserve.fleet.spec.write_targets (the code compose uses), at 1 s intervals. Then one worker is
+glmserve.fleet.render.write (what `python -m glmserve.fleet compose` writes), at 1 s intervals. Then one worker is
 killed: the router takes it out, and the dashboard's query and the GlmserveWorkerDown alert
 both show that worker.
 """
@@ -23,8 +23,9 @@ import yaml
 from support.fleet import emulator_args, port_of
 from support.livestack import PROM_DIR, Load, Prometheus, wait_all_series
 
+from glmserve.fleet.render import write
 from glmserve.fleet.router import RouterConfig
-from glmserve.fleet.spec import FleetSpec, Worker, write_targets
+from glmserve.fleet.spec import FleetSpec, Worker
 from glmserve.serverproc import free_port
 from glmserve.testing.emulator import RunningEmulator, start_process
 from glmserve.testing.router import RunningRouter, start_router
@@ -84,8 +85,12 @@ def fleet(prometheus_binary, tmp_path_factory) -> Iterator[Fleet]:
             ),
             router=RouterConfig(metrics_port=router.config.metrics_port),
         )
-        write_targets(spec, workdir / "targets")
+        write(spec, workdir, "the test's fleet")
         port = free_port()
+        # compose.yaml's prometheus service writes this one at start (PROMETHEUS_LISTEN).
+        (workdir / "targets" / "PROMETHEUS.json").write_text(
+            f'[{{"targets": ["127.0.0.1:{port}"]}}]\n'
+        )
         prom = Prometheus(prometheus_binary, {}, workdir, port, fleet_config(workdir / "targets"))
         load = Load(router.url, users=4, max_tokens=16).start(max_users=4)
         yield Fleet(emus, router, prom, load)

@@ -11,7 +11,9 @@ from support.launch import B200, GLM_FIXTURE, RTX, gpus_like
 from test_launch_cli import assert_refused, dry
 
 from glmserve.launch import Gpu, fit, parse_profile_file
+from glmserve.launch.errors import LaunchError
 from glmserve.launch.inventory import parse_nvidia_smi
+from glmserve.launch.sglang_argv import server_args
 
 CONFIG = json.loads((GLM_FIXTURE / "config.json").read_text())
 GLM_ARGS = ["--model-path", str(GLM_FIXTURE)]
@@ -49,28 +51,44 @@ def test_sglangs_default_mem_fraction_is_reproduced():
     """server_args._handle_gpu_memory_settings on a >160 GB GPU at TP4: 512 + 16384 x 1.5 +
     512 x 2 + 4/8 x 1024 = 26,624 MB reserved."""
     memory = 183_359 * fit.MIB
-    assert fit.default_mem_fraction(memory, 4, []) == round((183_359 - 26_624) / 183_359, 3)
+    none = server_args([])
+    assert fit.default_mem_fraction(memory, 4, none) == round((183_359 - 26_624) / 183_359, 3)
     # An explicit chunk / graph size in the argv is what SGLang would use instead.
-    smaller = fit.default_mem_fraction(memory, 4, ["--cuda-graph-max-bs", "64"])
-    assert smaller > fit.default_mem_fraction(memory, 4, [])
+    smaller = fit.default_mem_fraction(memory, 4, server_args(["--cuda-graph-max-bs", "64"]))
+    assert smaller > fit.default_mem_fraction(memory, 4, none)
 
 
-def test_last_value_is_what_argparse_keeps():
-    argv = ["--mem-fraction-static", "0.8", "--x", "--mem-fraction-static=0.7"]
-    assert fit.last_value(argv, "--mem-fraction-static") == "0.7"
-    assert fit.last_value(argv, "--context-length") is None
+def test_the_fit_reads_values_as_sglangs_parser_keeps_them():
+    """The last occurrence, the `=` form and an abbreviation all count, as argparse counts them
+    (an exact-name reader once sized the pool from the first or missed the abbreviated one)."""
+    argv = ["--mem-fraction-static", "0.8", "--kv-cache-dtype", "fp8_e4m3",
+            "--mem-fraction-stat=0.7", "--kv-cache-d", "bf16", "--context-len", "32k"]  # fmt: skip
+    result = fit.compute_fit(CONFIG, quant_algo="NVFP4", tp=8, gpu_memory=179 * fit.GIB,
+                             args=server_args(argv))  # fmt: skip
+    assert result.mem_fraction_static == 0.7 and result.fraction_source == "argv"
+    assert result.kv_bytes_per_token == 78 * 576 * 2  # bf16 won
+    assert result.min_kv_tokens == 32_000
+
+
+@pytest.mark.parametrize("fraction", ["1.5", "0", "-0.2"])
+def test_an_impossible_fraction_never_fits(fraction):
+    """A fraction over 1 once read as 2,088,905 KV tokens that "fit"."""
+    result = fit.compute_fit(CONFIG, quant_algo="NVFP4", tp=8, gpu_memory=179 * fit.GIB,
+                             args=server_args(["--mem-fraction-static", fraction]))  # fmt: skip
+    with pytest.raises(LaunchError, match=r"is not a fraction of GPU memory, in \(0, 1\]$"):
+        fit.check_fit(result, B200_TP4, "here")
 
 
 def test_two_tp4_replicas_fit_8x_b200_with_room_for_kv():
     result = fit.compute_fit(CONFIG, quant_algo="NVFP4", tp=4, gpu_memory=179 * fit.GIB,
-                             argv=DENSE_FP8)  # fmt: skip
+                             args=server_args(DENSE_FP8))  # fmt: skip
     assert result.fits
     assert result.kv_pool_tokens > 5 * result.min_kv_tokens  # > five 202,752-token requests
 
 
 def test_tp4_does_not_fit_rtx_pro_6000():
     result = fit.compute_fit(CONFIG, quant_algo="NVFP4", tp=4, gpu_memory=95 * fit.GIB,
-                             argv=DENSE_FP8)  # fmt: skip
+                             args=server_args(DENSE_FP8))  # fmt: skip
     assert not result.fits and result.kv_pool_tokens == 0
 
 

@@ -17,6 +17,7 @@ from test_launch_cli import assert_refused, dry
 
 from glmserve.launch import checks, fit, load_profile, speculative
 from glmserve.launch.profiles import sglang_versions
+from glmserve.launch.sglang_argv import server_args
 
 CONFIG = json.loads((GLM_FIXTURE / "config.json").read_text())
 SPEC_FLAGS = {
@@ -101,8 +102,26 @@ def test_an_mtp_profile_is_its_base_plus_the_recipe_flags(mtp, base):
     assert (
         0.8 <= float(pairs["--mem-fraction-static"]) <= float(base_pairs["--mem-fraction-static"])
     )
-    spec = speculative.from_argv(p.args)
+    spec = speculative.from_args(server_args(p.args, sglang_versions(p)))
     assert spec is not None and spec.uses_nextn_layer and spec.tokens_per_verify == 4
+
+
+def test_the_speculative_flags_are_read_as_sglangs_parser_reads_them():
+    """Prefixes, `=` forms, the draft path's alias and the last occurrence, as argparse
+    resolves them for SGLang: what the launcher checks and sizes is what SGLang runs."""
+    spec = speculative.from_args(server_args(["--speculative-algo=nextn", "--speculative-num-st",
+                                              "3", "--speculative-eagle-topk", "1",
+                                              "--speculative-num-steps=5"]))  # fmt: skip
+    assert spec is not None and spec.algorithm == "NEXTN" and spec.tokens_per_verify == 6
+    draft = server_args([*SPEC_ARGV, "--speculative-draft-model", "/drafts/eagle3"])
+    assert not speculative.from_args(draft).uses_nextn_layer
+    assert speculative.from_args(server_args(["--speculative-num-steps", "3"])) is None
+    assert speculative.max_running_requests(server_args(SPEC_ARGV)) == 48
+    assert speculative.max_running_requests(server_args([*SPEC_ARGV, "--max-running-r=8"])) == 8
+    override = server_args(["--json-model-override=" + json.dumps({"num_nextn_predict_layers": 1})])
+    assert speculative.effective_config({"num_nextn_predict_layers": 0}, override) == {
+        "num_nextn_predict_layers": 1
+    }
 
 
 def test_the_notes_name_the_public_sources_of_the_speculative_flags():
@@ -216,12 +235,13 @@ def test_the_draft_is_one_bf16_moe_layer_and_one_layer_of_kv():
     the community restored is about 19 GB), 2.4 GB per GPU at TP8, plus attention and eh_proj;
     its KV is one 576-wide FP8 row per pool token."""
     argv = [*DENSE_FP8, *SPEC_ARGV]
-    weights, kv = fit.draft_bytes(CONFIG, argv, tp=8, kv_pool_tokens=500_000)
+    weights, kv = fit.draft_bytes(CONFIG, server_args(argv), tp=8, kv_pool_tokens=500_000)
     assert 2.4e9 < weights < 2.7e9, weights / 1e9
     assert kv == 500_000 * 576
-    dsa = [*argv, "--attention-backend", "dsa"]
+    dsa = server_args([*argv, "--attention-backend", "dsa"], ("0.5.17",))
     assert fit.draft_bytes(CONFIG, dsa, tp=8, kv_pool_tokens=1)[1] == 656 + 132
-    assert fit.draft_bytes(CONFIG, DENSE_FP8, tp=8, kv_pool_tokens=1) == (0, 0)  # no MTP
+    no_mtp = server_args(DENSE_FP8)
+    assert fit.draft_bytes(CONFIG, no_mtp, tp=8, kv_pool_tokens=1) == (0, 0)
 
 
 def test_the_dsa_row_is_counted_under_its_new_name_too():
@@ -230,8 +250,8 @@ def test_the_dsa_row_is_counted_under_its_new_name_too():
 
 def test_sglangs_default_fraction_reserves_4_gb_for_an_eagle_draft():
     memory = 183_359 * fit.MIB
-    plain = fit.default_mem_fraction(memory, 8, [])
-    mtp = fit.default_mem_fraction(memory, 8, ["--speculative-algorithm", "EAGLE"])
+    plain = fit.default_mem_fraction(memory, 8, server_args([]))
+    mtp = fit.default_mem_fraction(memory, 8, server_args(["--speculative-algorithm", "EAGLE"]))
     assert mtp == round(plain - 4096 / 183_359, 3)
 
 
@@ -259,11 +279,15 @@ def test_the_profiles_without_mtp_report_their_fit_as_before(launch):
 
 def test_the_graph_warning_knows_sglangs_speculative_cap():
     spec = ["--speculative-algorithm", "EAGLE"]
-    warning = checks.cuda_graph_warning([*spec, "--cuda-graph-max-bs", "32"])
+    warning = checks.cuda_graph_warning(server_args([*spec, "--cuda-graph-max-bs", "32"]))
     assert warning is not None and "lets SGLang run 48 requests" in warning
-    assert checks.cuda_graph_warning([*spec, "--cuda-graph-max-bs", "48"]) is None
+    assert checks.cuda_graph_warning(server_args([*spec, "--cuda-graph-max-bs", "48"])) is None
+    # A --max-running-requests given (abbreviated too) is the argv's, not SGLang's default.
+    given = server_args([*spec, "--cuda-graph-max-bs", "32", "--max-running-req", "40"])
+    assert "--max-running-requests 40 allows more" in checks.cuda_graph_warning(given)
     # Without MTP an unset --max-running-requests is sized from the pool, as before.
-    assert "sizes it from the KV pool" in checks.cuda_graph_warning(["--cuda-graph-max-bs", "32"])
+    plain = server_args(["--cuda-graph-max-bs", "32"])
+    assert "sizes it from the KV pool" in checks.cuda_graph_warning(plain)
 
 
 def test_the_self_test_times_the_verify_pass_under_mtp_only():
@@ -271,8 +295,9 @@ def test_the_self_test_times_the_verify_pass_under_mtp_only():
     the verify pass's query tokens (num_steps + 1 at topk 1); without MTP it times none."""
     config = {"num_attention_heads": 64}
     mtp = load_profile(PROFILES_DIR, RTX_MTP)
-    env = checks.decode_timing_env(mtp.args, config, 8)
+    env = checks.decode_timing_env(server_args(mtp.args, sglang_versions(mtp)), config, 8)
     assert env["GLMSERVE_SELFTEST_VERIFY_TOKENS"] == "4"
     assert env["GLMSERVE_SELFTEST_HEADS"] == "8"
     plain = load_profile(PROFILES_DIR, MTP_PROFILES[RTX_MTP])
-    assert "GLMSERVE_SELFTEST_VERIFY_TOKENS" not in checks.decode_timing_env(plain.args, config, 8)
+    plain_env = checks.decode_timing_env(server_args(plain.args, sglang_versions(plain)), config, 8)
+    assert "GLMSERVE_SELFTEST_VERIFY_TOKENS" not in plain_env

@@ -223,11 +223,32 @@ def test_the_patched_path_is_the_lines_patched_backends():
     """flashinfer is patched on every line; fa3 only on the lines whose series patches it, so a
     tiny fa3 run counts as patched on the current line and not on the default one."""
     from glmserve.launch.profiles import uses_patched_path
+    from glmserve.launch.sglang_argv import server_args
+
+    def patched(argv: list[str], versions: tuple[str, ...] = ()) -> bool:
+        return uses_patched_path(server_args(argv, versions), versions)
 
     fa3 = ["--attention-backend", "fa3"]
     flashinfer = ["--attention-backend", "flashinfer"]
-    assert uses_patched_path(flashinfer, (PINNED,)) and uses_patched_path(flashinfer)
-    assert uses_patched_path(fa3, (CURRENT_LINE,)) and not uses_patched_path(fa3, (PINNED,))
-    assert not uses_patched_path(["--attention-backend", "dsa"], (CURRENT_LINE,))
+    assert patched(flashinfer, (PINNED,)) and patched(flashinfer)
+    assert patched(fa3, (CURRENT_LINE,)) and not patched(fa3, (PINNED,))
+    assert not patched(["--attention-backend", "dsa"], (CURRENT_LINE,))
     tiny = load_profile(PROFILES_DIR, f"tiny-mla-78l-sglang{CURRENT_LINE}")
-    assert uses_patched_path([*tiny.args, *fa3], sglang_versions(tiny))
+    assert patched([*tiny.args, *fa3], sglang_versions(tiny))
+
+
+@pytest.mark.parametrize("line", [PINNED, CURRENT_LINE])
+def test_the_patch_question_reads_the_argv_as_sglang_does(line):
+    """argparse takes any unique prefix and keeps the last occurrence: after
+    `--attention-backend flashinfer`, `--attention-back fa3` (or `--decode-attention-b`) is what
+    SGLang runs, so the patch and preflight question is decided on that, not on the exact name
+    an exact-match reader would find."""
+    from glmserve.launch.profiles import decode_attention_backend
+    from glmserve.launch.sglang_argv import server_args
+
+    argv = ["--attention-backend", "flashinfer", "--attention-back", "fa3", "--kv-cache-d", "bf16"]
+    args = server_args(argv, (line,))
+    assert decode_attention_backend(args) == "fa3"
+    assert args.get("--kv-cache-dtype") == "bf16"
+    args = server_args(["--attention-backend", "fa3", "--decode-attention-b=flashinfer"], (line,))
+    assert decode_attention_backend(args) == "flashinfer"

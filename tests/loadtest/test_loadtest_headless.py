@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.locust_run import LOCUSTFILE, ROOT, SSE_SERVER, run_locust
+from support.locust_run import LOCUSTFILE, ROOT, SSE_SERVER, locust_cwd, locust_env, run_locust
 
 SHORT = ["--warmup-s", "0.5", "--measure-s", "3", "--read-timeout-s", "1"]
 
@@ -77,7 +77,8 @@ def test_target_dying_mid_run_is_counted_as_connect_failures(tmp_path: Path) -> 
         argv = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "-H", url,
                 "--report-dir", str(tmp_path / "rep"), "--only-summary", "-u", "1",
                 "--warmup-s", "0", "--measure-s", "4"]  # fmt: skip
-        locust = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        locust = subprocess.Popen(argv, cwd=locust_cwd(), env=locust_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT)  # fmt: skip
         time.sleep(2.0)
         server.terminate()
         server.wait(10)
@@ -101,7 +102,8 @@ def test_sigterm_mid_run_still_writes_the_report_marked_incomplete(sse_server, t
     argv = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "-H", url,
             "--report-dir", str(tmp_path / "rep"), "--only-summary", "-u", "2",
             "--warmup-s", "0.5", "--measure-s", "60"]  # fmt: skip
-    locust = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    locust = subprocess.Popen(argv, cwd=locust_cwd(), env=locust_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT)  # fmt: skip
     time.sleep(4.0)
     locust.send_signal(signal.SIGTERM)
     output = locust.communicate(timeout=60)[0].decode()

@@ -47,3 +47,14 @@ def test_every_ms_the_rule_files_give_for_the_slo_is_the_slo() -> None:
         stated = re.findall(r"SLO \((\d+) ms\)|SLO is (\d+) ms|(\d+) ms SLO|above (\d+) ms", text)
         values = {v for groups in stated for v in groups if v}
         assert values == {MS}, (name, values)
+
+
+def test_the_load_tests_we_suggest_judge_by_the_same_slo() -> None:
+    """The README's Locust commands, and the one `make demo` prints, use the SLO
+    the dashboard draws (a run judged at 50 ms beside an SLO line at 40 once told two stories)."""
+    root = RULES.parents[2]
+    stated = set(re.findall(r"--slo-tpot-ms (\d+)", (root / "README.md").read_text()))
+    assert stated == {MS}, stated
+    demo = (root / "docker" / "demo.sh").read_text()
+    assert "--slo-tpot-ms $slo_ms" in demo and "import TPOT_SLO_S" in demo
+    assert not re.findall(r"--slo-tpot-ms \d", demo)

@@ -22,6 +22,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
+from support.mla_reference import reference_mla_attention  # noqa: E402
+
 from glmserve.selftest import runner  # noqa: E402
 from glmserve.series import apply  # noqa: E402
 from glmserve.series.wheels import extract_site, fetch_wheel  # noqa: E402
@@ -46,7 +48,7 @@ def load(tmp_path: Path, source: str, name: str):
 
 
 def checks(module) -> list[str]:
-    attention = runner.reference_mla_attention(torch, 1.0 / math.sqrt(256))
+    attention = reference_mla_attention(torch, 1.0 / math.sqrt(256))
     return runner.run_checks(
         torch, module, attention, device=torch.device("cpu"), pool_rows=48, heads=2, seed=11
     )

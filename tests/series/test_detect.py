@@ -93,3 +93,30 @@ def test_the_package_dir_itself_gets_a_hint_to_pass_its_parent(tmp_path):
         f"no sglang/ package directory in {pkg}; {pkg} is the package itself: pass its parent, "
         f"--target {pkg.parent}"
     )
+
+
+def test_one_reader_for_every_installed_version_dist_info_and_egg_info(tmp_path):
+    """series.detect.dist_versions is the one reader: the patch tool's SGLang version and
+    sglang_lines' GPU-stack pins both go through it, so egg-info counts for both (two readers
+    once disagreed on it)."""
+    from glmserve.series.detect import dist_versions
+    from glmserve.sglang_lines import DEFAULT_LINE, get, site_problems
+
+    line = get(DEFAULT_LINE)
+    site = make(
+        tmp_path,
+        dist={
+            f"sglang-{line.version}.dist-info": meta("sglang", line.version),
+            f"torch-{line.torch}.egg-info": meta("torch", line.torch + "+cu130"),
+            "flashinfer_python-0.0.1.dist-info": meta("flashinfer-python", "0.0.1"),
+            "sglang_router-0.3.2.dist-info": meta("sglang-router", "0.3.2"),
+        },
+    )
+    assert dist_versions(site, "sglang") == [line.version]
+    assert dist_versions(site, "torch") == [line.torch + "+cu130"]
+    assert dist_versions(site, "sglang-router") == dist_versions(site, "sglang_router") == ["0.3.2"]
+    assert detect_version(site) == line.version
+    problems = site_problems(site, DEFAULT_LINE, gpu_stack_required=False)
+    assert problems == [
+        f"the base holds flashinfer-python 0.0.1, SGLang {line.version} pins {line.flashinfer}"
+    ]  # torch read from its egg-info, and accepted with its local build tag

@@ -165,9 +165,7 @@ def emulated_stack(
     ports = {name: free_port() for name in CONTRACT_PORTS}
     workdir = Path(tempfile.mkdtemp(prefix="glmserve-stack-"))
     workdir.chmod(0o755)
-    prom_dir = render_prometheus_dir(
-        workdir / "prometheus", {CONTRACT_PORTS[k]: ports[k] for k in CONTRACT_PORTS}
-    )
+    prom_dir = render_prometheus_dir(workdir / "prometheus")
     override = workdir / "compose.stack-test.yaml"
     # Same target path as compose.yaml's mount, so compose replaces it instead of adding one.
     override.write_text(

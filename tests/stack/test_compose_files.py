@@ -377,7 +377,7 @@ def test_dockerfile_label_defaults_match_the_patch_lock() -> None:
 
 def test_promtool_accepts_the_prometheus_config(promtool_binary: str, tmp_path: Path) -> None:
     """The repo's config (or this slice's fallback) as the stack test mounts it."""
-    rendered = render_prometheus_dir(tmp_path / "prometheus", {30000: 31000})
+    rendered = render_prometheus_dir(tmp_path / "prometheus")
     proc = subprocess.run(
         [promtool_binary, "check", "config", str(rendered / "prometheus.yml")],
         capture_output=True,

@@ -49,11 +49,21 @@ def test_the_demo_says_what_it_did_and_where_to_look(emulated_stack: Stack) -> N
     stand_ins = [ln for ln in lines if ln.startswith("demo: no registry for ")]
     assert len(stand_ins) == (0 if pinned_base_here else 1), lines
     if stand_ins:
-        (dotenv,) = [ln for ln in lines if ln.startswith("demo: for other docker compose")]
-        assert dotenv.endswith(
-            ": TOOLS_BASE_IMAGE=glmserve-ci/python:3.11-bookworm "
-            "PROMETHEUS_IMAGE=glmserve-ci/prometheus:2.42-bookworm"
-        )
+        (at,) = [i for i, ln in enumerate(lines) if ln.startswith("demo: for other docker compose")]
+        assert lines[at].endswith("add these lines to .env:")
+        # As .env takes them, one per line: pasted as printed, the doctor accepts them.
+        assert lines[at + 1 : at + 3] == [
+            "TOOLS_BASE_IMAGE=glmserve-ci/python:3.11-bookworm",
+            "PROMETHEUS_IMAGE=glmserve-ci/prometheus:2.42-bookworm",
+        ]
+        pasted = Path(tempfile.mkdtemp(prefix="glmserve-demo-")) / "pasted.env"
+        pasted.write_text("\n".join(lines[at + 1 : at + 3]) + "\n")
+        doctor = subprocess.run(
+            [sys.executable, "-m", "glmserve.doctor", "--in-compose", "--project-dir", str(REPO),
+             "--env-file", str(pasted)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert doctor.returncode == 0, doctor.stderr
     grafana = [ln for ln in lines if ln.startswith("demo: ") and "Grafana" in ln]
     assert len(grafana) == 1 and grafana[0].startswith("demo: Grafana left out: "), grafana
     assert any(re.fullmatch(r"demo: up in \d+ s: emulator exporter prometheus", ln) for ln in lines)
@@ -221,7 +231,7 @@ def test_the_launcher_dry_run_needs_no_server_image(emulated_stack: Stack) -> No
         "GLMSERVE_IMAGE": "glmserve-test/no-such-server:absent",
         "GLMSERVE_PULL_POLICY": "never",  # the tools image is built; `run` must not rebuild it
     }
-    base = ["docker", "compose", "--profile", "launcher"]
+    base = ["docker", "compose", "--progress", "quiet", "--profile", "launcher"]
     started = time.monotonic()
     try:
         proc = run([*base, "run", "--rm", "-T", "launcher", "--dry-run"], env=env, timeout=120)
@@ -229,6 +239,7 @@ def test_the_launcher_dry_run_needs_no_server_image(emulated_stack: Stack) -> No
         run([*base, "down", "-v", "-t", "5"], env=env, check=False, timeout=120)
     report = json.loads(proc.stdout)
     assert report["profile"] == "glm5-nvfp4-rtxpro6000-tp8" and report["model_path"] == "/model"
+    assert report["model_path_on_host"] == str(FAKE_GLM5)  # the MODEL_DIR the user set
     assert report["argv"][1:3] == ["-m", "sglang.launch_server"]
     assert report["sglang"]["version"].startswith("not installed here")
     print(f"launcher dry run in {time.monotonic() - started:.1f} s")

@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Iterator
 
 import pytest
-from support.stack import REPO, run
+from support.stack import REPO, no_user_env_file, run
 
 SCRIPT = REPO / "docker" / "offline-images.sh"
 STAND_INS = {
@@ -34,6 +34,8 @@ def stand_ins(ci_bases: dict[str, str]) -> Iterator[dict[str, str]]:
 
 
 def offline(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    # compose reads the test's env file, never the checkout's .env.
+    env = {"COMPOSE_ENV_FILES": str(no_user_env_file()), **env}
     return subprocess.run(
         ["bash", str(SCRIPT), *args],
         capture_output=True,
@@ -42,6 +44,24 @@ def offline(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
         env={**os.environ, **env},
         cwd=REPO,
     )
+
+
+def test_the_images_are_the_ones_compose_would_run(compose_cli, tmp_path):
+    """Names come from `docker compose config`, so an .env value counts and so does the server
+    image's nested default (`...-sglang${SGLANG_LINE:-...}`), which a sed once cut at its first
+    `}`. Needs the compose CLI only, no engine."""
+    user = tmp_path / "user.env"
+    user.write_text("SGLANG_LINE=0.5.17\nGRAFANA_IMAGE=grafana/grafana:12.0.0\n")
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_IMAGE")}
+    env.update(COMPOSE_ENV_FILES=str(user), DOCKER_HOST="unix:///nonexistent-glmserve.sock")
+    proc = subprocess.run(["bash", str(SCRIPT), "refs", "--with-server"], capture_output=True,
+                          text=True, timeout=120, env=env, cwd=REPO)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    refs = dict(line.split("=", 1) for line in proc.stdout.splitlines())
+    assert refs["GLMSERVE_IMAGE"] == "glmserve/server:0.1.0-sglang0.5.17"
+    assert refs["GRAFANA_IMAGE"] == "grafana/grafana:12.0.0"
+    assert refs["GLMSERVE_TOOLS_IMAGE"] == "glmserve/tools:0.1.0"
+    assert refs["PROMETHEUS_IMAGE"].startswith("prom/prometheus:v3.5.0@sha256:")
 
 
 def test_save_then_load_verifies_every_image_and_prints_the_env_lines(stand_ins, tmp_path):

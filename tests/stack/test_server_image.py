@@ -210,6 +210,7 @@ def test_compose_sglang_service_dry_run(
     report = json.loads(proc.stdout)
     assert report["profile"] == "glm5-nvfp4-rtxpro6000-tp8"
     assert report["model_path"] == "/model"
+    assert report["model_path_on_host"] == str(FAKE_GLM5)
     argv = report["argv"]
     at = argv.index("--json-model-override-args")
     assert argv[at + 1] == override

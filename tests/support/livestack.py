@@ -64,6 +64,9 @@ def prometheus_config(targets: dict[str, str], interval: str = "1s") -> dict[str
     for name, job in jobs.items():
         job.pop("scrape_timeout", None)
         job.pop("scrape_interval", None)
+        # compose writes the file_sd targets at start (compose.yaml's prometheus service);
+        # here the test's own addresses are the targets.
+        job.pop("file_sd_configs", None)
         job["static_configs"] = [{"targets": [targets[name]]}]
     return config
 

@@ -6,8 +6,18 @@ from __future__ import annotations
 import struct
 import zlib
 from pathlib import Path
+from typing import Any
 
-from glmserve.loadtest.pareto import PNG_KEY, read_embedded, to_pixel
+from glmserve.loadtest.pareto import PNG_KEY, read_embedded
+
+
+def to_pixel(data: dict[str, Any], x: float, y: float) -> tuple[float, float]:
+    """Where a data point lands in the PNG (column, row), from the embedded axes box."""
+    left, top, right, bottom = data["axes_px"]
+    (x0, x1), (y0, y1) = data["xlim"], data["ylim"]
+    col = left + (x - x0) / (x1 - x0) * (right - left)
+    row = bottom - (y - y0) / (y1 - y0) * (bottom - top)
+    return col, row
 
 
 def _rgb(hex_color: str) -> tuple[float, float, float]:

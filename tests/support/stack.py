@@ -25,7 +25,7 @@ TEST_SERVER_IMAGE = "glmserve-test/server:ci"
 TEST_TOOLS_IMAGE = "glmserve-test/tools:ci"
 EMULATOR_TPOT_MS = 20
 EMULATOR_TTFT_MS = 100
-# Ports the repo's prometheus.yml scrapes (CONTRACTS.md), remapped to free ones in tests.
+# The services' default ports (.env.example), each replaced by a free one in tests.
 CONTRACT_PORTS = {"sglang": 30000, "exporter": 9464, "prometheus": 9090}
 
 
@@ -91,10 +91,21 @@ def dockerfile_arg(name: str) -> str:
     raise AssertionError(f"Dockerfile has no 'ARG {name}=' line")
 
 
+def no_user_env_file() -> Path:
+    """An empty env file the tests own: compose (and the doctor, and `make demo`) read it
+    instead of the checkout's .env, so a developer's own settings never change what is tested."""
+    path = REPO / ".cache" / "stack" / "tests.env"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.is_file() or path.read_text():
+        path.write_text("")
+    return path
+
+
 def compose_env(bases: dict[str, str], **extra: str) -> dict[str, str]:
     """The process environment for `docker compose`, with CI's images and build args."""
     env = dict(os.environ)
     env.update(
+        COMPOSE_ENV_FILES=str(no_user_env_file()),
         GLMSERVE_IMAGE=TEST_SERVER_IMAGE,
         GLMSERVE_TOOLS_IMAGE=TEST_TOOLS_IMAGE,
         TOOLS_BASE_IMAGE=bases["TOOLS_BASE_IMAGE"],
@@ -109,45 +120,21 @@ def compose_env(bases: dict[str, str], **extra: str) -> dict[str, str]:
     return env
 
 
-def _rewrite_targets(node: Any, ports: dict[int, int]) -> Any:
-    """Map 127.0.0.1:<contract port> to 127.0.0.1:<test port> anywhere in a scrape config."""
-    if isinstance(node, dict):
-        return {k: _rewrite_targets(v, ports) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_rewrite_targets(v, ports) for v in node]
-    if isinstance(node, str):
-        for old, new in ports.items():
-            for host in ("127.0.0.1", "localhost"):
-                if node == f"{host}:{old}":
-                    return f"127.0.0.1:{new}"
-    return node
-
-
-def render_prometheus_dir(dest: Path, ports: dict[int, int], interval: str = "1s") -> Path:
-    """Copy monitoring/prometheus/ with test ports and a short scrape interval.
-
-    Uses the repo's real prometheus.yml (and rules) when the monitoring files exist; until then a
-    minimal config scraping the server, so this slice stands on its own.
-    """
+def render_prometheus_dir(dest: Path, interval: str = "1s") -> Path:
+    """Copy monitoring/prometheus/ with a short scrape interval. The targets are not touched:
+    compose.yaml's prometheus service writes them at start from the ports the test gives the
+    services (SGLANG_PORT, EXPORTER_LISTEN, PROMETHEUS_LISTEN), as it does for a user."""
     src = REPO / "monitoring" / "prometheus"
-    if (src / "prometheus.yml").is_file():
-        shutil.copytree(src, dest)
-        config = yaml.safe_load((src / "prometheus.yml").read_text())
-    else:
-        dest.mkdir(parents=True)
-        config = {
-            "scrape_configs": [
-                {"job_name": "sglang", "static_configs": [{"targets": ["127.0.0.1:30000"]}]}
-            ]
-        }
-    config = _rewrite_targets(config, ports)
-    config.setdefault("global", {})
+    shutil.copytree(src, dest)
+    config = yaml.safe_load((src / "prometheus.yml").read_text())
     config["global"]["scrape_interval"] = interval
     config["global"]["evaluation_interval"] = interval
     config["global"]["scrape_timeout"] = interval
     for job in config.get("scrape_configs", []):
         job["scrape_interval"] = interval
         job.pop("scrape_timeout", None)
+        for sd in job.get("file_sd_configs", []):
+            sd["refresh_interval"] = interval
     (dest / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     # Prometheus runs as nobody; a pytest tmp dir (0700) would be unreadable to it.
     for path in [dest, *dest.rglob("*")]:

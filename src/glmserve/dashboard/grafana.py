@@ -468,17 +468,6 @@ def _layout(items: list[Panel], first_id: int, y: int) -> tuple[list[dict[str, A
     return out, y + row_h
 
 
-def walk_panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every query panel, including those inside (collapsed) rows."""
-    out = []
-    for panel in dashboard["panels"]:
-        if panel["type"] == "row":
-            out.extend(panel.get("panels", []))
-        else:
-            out.append(panel)
-    return out
-
-
 def build_dashboard() -> dict[str, Any]:
     out_panels, y = _layout(panels(), 1, 0)
     fleet, _ = _layout(fleet_panels(), len(out_panels) + 2, y + 1)

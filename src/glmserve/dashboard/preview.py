@@ -16,6 +16,7 @@ import json
 import math
 import re
 import sys
+import textwrap
 import time
 import urllib.error
 import urllib.parse
@@ -24,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from glmserve import sglang_api
 from glmserve.dashboard.grafana import Panel, panels
 from glmserve.exporter.canary import TPOT_SLO_S
 
@@ -36,6 +38,29 @@ LINE_STYLES: dict[str, dict[str, Any]] = {
     "CUDA graphs up to": {"color": "tab:purple", "linestyle": "-", "linewidth": 5, "alpha": 0.35},
     "running limit": {"color": "black", "linestyle": (0, (2, 2)), "linewidth": 1.5},
 }
+
+
+# Capacities drawn beside what uses them. One far above its data (a 495,552-token pool over a few
+# thousand used tokens, a running limit of 256 over 8 running requests) would flatten the data
+# to a line at zero: past LIMIT_HEADROOM x the data's peak it is named in the legend instead.
+LIMIT_LEGENDS = ("pool", "CUDA graphs up to", "running limit")
+LIMIT_HEADROOM = 4.0
+# SGLang's own histograms, whose quantiles Prometheus estimates by linear interpolation inside
+# a bucket: a TTFT of 251 ms in the (0.2, 0.4] s bucket reads 300 ms at p50. The legend names the
+# bucket, so that the server's line is not mistaken for the canary's or Locust's, which time
+# each request.
+SERVER_BUCKETS = {"TTFT": sglang_api.TTFT_BUCKETS, "ITL": sglang_api.ITL_BUCKETS}
+# The window a recording rule's name ends with (`...:rate1m`, `...:quantile5m`): for that long
+# after Prometheus starts, the rule sees less than a window of data and reads low.
+_WINDOW = re.compile(r":[a-z]+(\d+)([ms])$")
+FADED = 0.4  # the alpha of a line over its rule's first window
+FOOTNOTE = (
+    "Rates and quantiles use the window their rule names (1m, 5m) and move at each scrape; a "
+    "line is faded for its first window after Prometheus started, when it reads low. SGLang counts "
+    "a request's output tokens when it finishes. Server percentiles are estimated inside "
+    "SGLang's histogram buckets (the legend names the bucket); the canary and Locust time each "
+    "request."
+)
 
 
 class RangeQuerier(Protocol):
@@ -129,6 +154,7 @@ def preview_figure(
     for ax, panel in zip(axes.flat, chosen, strict=False):
         factor, unit = _scale(panel.unit)
         peak = -math.inf
+        limits: list[tuple[str, dict[str, Any], list[float], list[float]]] = []
         for target, expr in zip(panel.targets, panel_exprs(panel), strict=True):
             for series in prom.query_range(expr, start, end, step):
                 points: list[tuple[float, float]] = [
@@ -139,16 +165,24 @@ def preview_figure(
                 if not points:
                     continue
                 xs, ys = zip(*points, strict=True)
-                peak = max(peak, *ys)
                 label = _legend(target.legend, series["metric"]) or expr[:40]
                 style = LINE_STYLES.get(target.legend, {"linewidth": 1.5})
-                ax.plot(xs, ys, label=label, **style)
-        if peak == -math.inf:
+                if target.legend in LIMIT_LEGENDS:
+                    limits.append((label, style, list(xs), list(ys)))
+                    continue
+                peak = max(peak, *ys)
+                label = bucket_label(panel, label, ys[-1] / factor)
+                _plot_after_window(ax, xs, ys, window_s(expr), label, style)
+        ceiling = _draw_limits(ax, limits, peak)
+        if peak == -math.inf and not limits:
             empty.append(panel.title)
             ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes)
         if panel.slo_line:
-            ax.axhline(TPOT_SLO_S * factor, color="red", linestyle="--", linewidth=1, label="SLO")
-        _y_range(ax, panel, peak)
+            slo = TPOT_SLO_S * factor
+            ax.axhline(slo, color="red", linestyle="--", linewidth=1, label=f"SLO {slo:g} {unit}")
+        _y_range(ax, panel, peak if ceiling is None else ceiling)
+        if ceiling is not None:
+            ax.set_ylim(top=ceiling)
         ax.set_xlim(0, end - start)
         ax.set_title(panel.title, fontsize=10)
         ax.set_xlabel("seconds", fontsize=8)
@@ -162,8 +196,55 @@ def preview_figure(
         ax.axis("off")
     title = "PREVIEW - TPOT dashboard panels rendered with matplotlib from Prometheus (not Grafana)"
     fig.suptitle(title + (f"\n{note}" if note else ""), fontsize=12, color="#b00020")
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.text(0.01, 0.005, textwrap.fill(FOOTNOTE, 190), fontsize=8, color="0.3", va="bottom")
+    fig.tight_layout(rect=(0, 0.035, 1, 0.95))
     return fig, empty
+
+
+def window_s(expr: str) -> float:
+    """The window a recording rule's name ends with, in seconds (0: not a windowed rule)."""
+    found = _WINDOW.search(expr)
+    if found is None:
+        return 0.0
+    return float(found[1]) * (60 if found[2] == "m" else 1)
+
+
+def bucket_label(panel: Panel, label: str, last_s: float) -> str:
+    """A server quantile's legend, with the SGLang bucket its last value lies in."""
+    buckets = next((b for key, b in SERVER_BUCKETS.items() if panel.title.startswith(key)), None)
+    if buckets is None or not label.startswith("server p") or not math.isfinite(last_s):
+        return label
+    lower = max((b for b in buckets if b < last_s), default=0.0)
+    upper = min((b for b in buckets if b >= last_s), default=math.inf)
+    return f"{label} (bucket {lower * 1000:g}-{upper * 1000:g} ms)"
+
+
+def _plot_after_window(
+    ax: Any, xs: Sequence[float], ys: Sequence[float], window: float, label: str, style: dict
+) -> None:
+    """The series, faded over its rule's first window after Prometheus started (where it reads
+    low: a rate or quantile over less than its window of data), full from there on."""
+    cut = next((i for i, x in enumerate(xs) if x >= window), len(xs))
+    if cut == 0:
+        ax.plot(xs, ys, label=label, **style)
+        return
+    (early,) = ax.plot(xs[: cut + 1], ys[: cut + 1], alpha=FADED, **style)
+    ax.plot(xs[cut:], ys[cut:], label=label, **{"color": early.get_color(), **style})
+
+
+def _draw_limits(
+    ax: Any, limits: list[tuple[str, dict[str, Any], list[float], list[float]]], peak: float
+) -> float | None:
+    """Draw each capacity line; one far above the data is named in the legend instead (its
+    value, "off the scale") and the axis stays on the data. Returns that axis top, or None."""
+    ceiling = None
+    for label, style, xs, ys in limits:
+        if peak > 0 and max(ys) > LIMIT_HEADROOM * peak:
+            ceiling = peak * 1.25
+            ax.plot([], [], label=f"{label} {ys[-1]:,.0f} (off the scale)", **style)
+        else:
+            ax.plot(xs, ys, label=label, **style)
+    return ceiling
 
 
 def _y_range(ax: Any, panel: Panel, peak: float) -> None:

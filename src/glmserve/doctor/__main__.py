@@ -12,8 +12,10 @@ from typing import Any
 
 from glmserve.doctor import compose
 from glmserve.doctor.components import model_dir, value_problems
-from glmserve.doctor.envfile import Entry, EnvFileError, known_names, parse_env_file
 from glmserve.doctor.host import check_host
+from glmserve.doctor.names import known_names
+from glmserve.doctor.scrape import scrape_problems
+from glmserve.envfile import Entry, EnvFileError, chosen_files, read_entries
 
 PROG = "glmserve.doctor"
 # Services that answer on SGLANG_PORT; the fleet's router and replicas carry the fleet profile.
@@ -31,7 +33,13 @@ def _parser() -> argparse.ArgumentParser:
         description="Check .env, the compose profiles and the host before `docker compose up`.",
     )
     p.add_argument("services", nargs="*", metavar="SERVICE", help="the services `up` will start")
-    p.add_argument("--env-file", type=Path, help="default: .env in the project dir, if present")
+    p.add_argument(
+        "--env-file",
+        action="append",
+        type=Path,
+        help="as docker compose takes it (repeatable); default: COMPOSE_ENV_FILES, else .env in "
+        "the project dir, if present",
+    )
     p.add_argument("--project-dir", type=Path, default=Path("."), help="where compose.yaml is")
     p.add_argument("-f", "--file", action="append", type=Path, help="compose file(s)")
     p.add_argument("--profile", action="append", default=[], help="as given to docker compose")
@@ -65,38 +73,38 @@ def diagnose(
     notes: list[str] = []
     known = known_names(project / ".env.example")
 
-    env_file = args.env_file
-    if env_file is None and (project / ".env").exists():
-        env_file = project / ".env"
+    env_files = chosen_files(args.env_file, environ, project)
     entries: list[Entry] = []
-    if env_file is not None:
+    for env_file in env_files:
         try:
-            entries, syntax = parse_env_file(env_file)
-            problems += syntax
-            notes.append(f"{env_file.name} checked")
+            found, syntax = read_entries(env_file)
         except EnvFileError as exc:
             if not args.in_compose:
                 raise
             notes.append(f"{exc} (names not checked; run {PROG} on the host)")
-        for e in entries:
-            if e.name not in known:
-                problems.append(
-                    f"{env_file.name}:{e.line}: {e.name} is not a known name"
-                    f"{_did_you_mean(e.name, known)}; .env.example lists them all"
-                )
-    else:
+            continue
+        entries += found
+        problems += syntax
+        notes.append(f"{env_file.name} checked")
+        problems += [
+            f"{e.where}: {e.name} is not a known name{_did_you_mean(e.name, known)}; "
+            ".env.example lists them all"
+            for e in found
+            if e.name not in known
+        ]
+    if not env_files:
         notes.append("no .env (compose.yaml's defaults)")
 
-    # What compose interpolates: the env file, under the process environment.
+    # What compose interpolates: the env files in order, under the process environment.
     values: dict[str, str] = {}
     where: dict[str, str] = {}
     for e in entries:
-        values[e.name], where[e.name] = e.value, f"{env_file.name if env_file else '.env'}:{e.line}"
+        values[e.name], where[e.name] = e.value, e.where
     for name in known & set(environ):
         if values.get(name) != environ[name]:
             values[name], where[name] = environ[name], "environment"
 
-    files = args.file or [Path(f) for f in environ.get("COMPOSE_FILE", "").split(os.pathsep) if f]
+    files = args.file or ([] if args.in_compose else _compose_files(values, environ, project))
     files = files or [project / "compose.yaml"]
     svcs = compose.services([compose.load(f) for f in files])
     declared = compose.profiles(svcs)
@@ -113,7 +121,8 @@ def diagnose(
     if chosen:
         notes.append("profiles " + ",".join(chosen))
 
-    problems += value_problems(svcs, values, where)
+    problems += value_problems(svcs, values, where, project)
+    problems += scrape_problems(svcs, values, project)
     if args.in_compose:
         return problems, notes
 
@@ -135,6 +144,16 @@ def diagnose(
     needs_gpu = any(_reserves_gpu(svcs[s]) for s in starting)
     host_problems, host_notes = host_check(needs_gpu)
     return problems + host_problems, notes + host_notes
+
+
+def _compose_files(
+    values: Mapping[str, str], environ: Mapping[str, str], project: Path
+) -> list[Path]:
+    """COMPOSE_FILE as compose reads it (from the env file or the shell), relative to the
+    project dir; an empty list when unset."""
+    separator = environ.get("COMPOSE_PATH_SEPARATOR") or values.get("COMPOSE_PATH_SEPARATOR")
+    raw = values.get("COMPOSE_FILE", "")
+    return [project / f for f in raw.split(separator or os.pathsep) if f.strip()]
 
 
 def _reserves_gpu(service: dict[str, Any]) -> bool:

@@ -7,11 +7,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-# $$ (a literal $), ${NAME}, ${NAME:-default}, ${NAME-default}, ${NAME:?err}, ${NAME:+alt}, $NAME
-_REF = re.compile(
-    r"\$\$|\$\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?+])(?P<arg>[^}]*))?\}"
-    r"|\$(?P<bare>[A-Za-z_][A-Za-z0-9_]*)"
-)
+# The name after `$` or `${` (compose's rule for variable names).
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# The operators after a braced name: ${NAME:-default}, ${NAME-default}, ${NAME:?err},
+# ${NAME?err}, ${NAME:+alt}, ${NAME+alt}; the longest first.
+_OPS = (":-", ":?", ":+", "-", "?", "+")
 
 
 class ComposeFileError(ValueError):
@@ -78,13 +78,15 @@ def active(svcs: Mapping[str, Mapping[str, Any]], chosen: set[str]) -> list[str]
 
 
 def names_in(node: Any) -> set[str]:
-    """Every variable a node interpolates."""
+    """Every variable a node interpolates, those inside defaults included."""
     if isinstance(node, dict):
         return set().union(*(names_in(v) for v in node.values())) if node else set()
     if isinstance(node, list):
         return set().union(*(names_in(v) for v in node)) if node else set()
     if isinstance(node, str):
-        return {m["braced"] or m["bare"] for m in _REF.finditer(node) if m.group(0) != "$$"}
+        seen: set[str] = set()
+        _expand(node, {}, seen)
+        return seen
     return set()
 
 
@@ -96,18 +98,78 @@ def interpolate(node: Any, values: Mapping[str, str]) -> Any:
         return [interpolate(v, values) for v in node]
     if not isinstance(node, str):
         return node
+    return _expand(node, values, set())
 
-    def one(m: re.Match[str]) -> str:
-        if m.group(0) == "$$":
-            return "$"
-        name, op, arg = m["braced"] or m["bare"], m["op"], m["arg"] or ""
-        value = values.get(name)
-        empty = value is None or (value == "" and op is not None and op.startswith(":"))
-        if op in (":-", "-"):
-            return arg if empty else str(value)
-        if op in (":+", "+"):
-            return "" if empty else arg
-        # ${NAME}, and ${NAME:?err}: an unset required variable compose itself reports.
-        return "" if value is None else value
 
-    return _REF.sub(one, node)
+def _expand(text: str, values: Mapping[str, str], seen: set[str]) -> str:
+    """compose's template: `$$` is a literal `$`, `$NAME` and `${NAME...}` are replaced, and the
+    default or alternative of a braced form is itself a template (`${A:-x${B:-y}}`). Every
+    name met is added to `seen`, including those in branches not taken."""
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        dollar = text.find("$", i)
+        if dollar < 0:
+            out.append(text[i:])
+            break
+        out.append(text[i:dollar])
+        nxt = text[dollar + 1 : dollar + 2]
+        if nxt == "$":
+            out.append("$")
+            i = dollar + 2
+        elif nxt == "{":
+            end = _closing_brace(text, dollar + 2)
+            if end < 0:  # compose refuses it; keep the text as it is
+                out.append(text[dollar:])
+                break
+            out.append(_braced(text[dollar + 2 : end], values, seen))
+            i = end + 1
+        else:
+            name = _NAME.match(text, dollar + 1)
+            if name is None:
+                out.append("$")
+                i = dollar + 1
+                continue
+            seen.add(name.group(0))
+            out.append(values.get(name.group(0), ""))
+            i = name.end()
+    return "".join(out)
+
+
+def _closing_brace(text: str, start: int) -> int:
+    """Index of the `}` that closes a `${` whose body starts at `start`; -1 if none."""
+    depth = 1
+    i = start
+    while i < len(text):
+        if text.startswith("$$", i):
+            i += 2
+            continue
+        if text.startswith("${", i):
+            depth += 1
+            i += 2
+            continue
+        if text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return -1
+
+
+def _braced(body: str, values: Mapping[str, str], seen: set[str]) -> str:
+    name = _NAME.match(body)
+    if name is None:
+        return "${" + body + "}"
+    var = name.group(0)
+    seen.add(var)
+    rest = body[name.end() :]
+    op = next((o for o in _OPS if rest.startswith(o)), None)
+    arg = _expand(rest[len(op) :], values, seen) if op else ""
+    value = values.get(var)
+    empty = value is None or (value == "" and op is not None and op.startswith(":"))
+    if op in (":-", "-"):
+        return arg if empty else str(value)
+    if op in (":+", "+"):
+        return "" if empty else arg
+    # ${NAME}, and ${NAME:?err}: an unset required variable compose itself reports.
+    return "" if value is None else value

@@ -169,13 +169,23 @@ def resolve(
     return config
 
 
+def listen_address_problem(address: str) -> str | None:
+    """HOST:PORT as glmserve.netaddr words it, with port 0 allowed (a free port: the tests)."""
+    from glmserve.netaddr import host_port_problem
+
+    host, sep, port = address.rpartition(":")
+    if sep and port == "0":
+        address = f"{host}:1"
+    return host_port_problem(address)
+
+
 def validate(config: ExporterConfig) -> None:
     url = urlsplit(config.target)
     if url.scheme not in ("http", "https") or not url.hostname:
         raise ConfigError(f"target: expected http://HOST:PORT, got {config.target!r}")
-    host, sep, port = config.listen_address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"web.listen-address: expected HOST:PORT, got {config.listen_address!r}")
+    said = listen_address_problem(config.listen_address)
+    if said:
+        raise ConfigError(f"web.listen-address: {config.listen_address!r}: {said}")
     # TPOT divides by (tokens - 1): a one-token canary measures nothing but TTFT.
     if not 2 <= config.canary_max_tokens <= 4096:
         raise ConfigError(f"canary.max-tokens: must be 2..4096, got {config.canary_max_tokens}")

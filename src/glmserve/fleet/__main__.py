@@ -7,27 +7,11 @@ import os
 import sys
 from pathlib import Path
 
+from glmserve.envfile import EnvFileError, read_values
 from glmserve.fleet.render import main_compose
 from glmserve.fleet.router import FleetError
 
 PROG = "glmserve.fleet"
-
-
-def read_env_file(path: Path) -> dict[str, str]:
-    """KEY=VALUE lines as compose reads .env: '#' comments, optional quotes, no expansion."""
-    out: dict[str, str] = {}
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        key, sep, value = line.partition("=")
-        if not sep or not key.strip():
-            raise FleetError(f"{path}:{n}: not KEY=VALUE")
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
-        out[key.strip()] = value
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,9 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         try:
-            env = read_env_file(args.env_file)
-        except OSError as exc:
-            raise FleetError(f"cannot read {args.env_file}: {exc.strerror}") from None
+            env = read_values(args.env_file)
+        except EnvFileError as exc:
+            raise FleetError(str(exc)) from None
         # The process environment wins, as it does for compose's own interpolation.
         env.update({k: v for k, v in os.environ.items() if k.startswith(("FLEET_", "ROUTER_"))})
         return main_compose(env, args.out_dir, str(args.env_file))

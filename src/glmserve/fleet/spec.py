@@ -213,12 +213,6 @@ def target_files(spec: FleetSpec) -> dict[str, str]:
     return {name: json.dumps(content, indent=2) + "\n" for name, content in targets(spec).items()}
 
 
-def write_targets(spec: FleetSpec, directory: Path) -> list[Path]:
-    files = {directory / name: text for name, text in target_files(spec).items()}
-    write_atomically(files)
-    return list(files)
-
-
 def write_atomically(files: Mapping[Path, str]) -> None:
     """Write every file or, on an error before the first swap, none: each content goes to a
     temp file beside its target first, then each is renamed over its target (Prometheus re-reads

@@ -13,7 +13,8 @@ from glmserve import switches
 from glmserve.launch import speculative
 from glmserve.launch.errors import LaunchError, read_json
 from glmserve.launch.inventory import Gpu
-from glmserve.launch.profiles import Profile, flag_value, sglang_versions
+from glmserve.launch.profiles import Profile, sglang_versions
+from glmserve.launch.sglang_argv import ServerArgs, server_args
 from glmserve.selftest.runner import CKV_DIM, KPE_DIM, MIN_E4M3_CAPABILITY, capability_note
 
 ALLOW_ANY_ARCH_HINT = "--allow-any-arch (or GLMSERVE_ALLOW_ANY_ARCH=1)"
@@ -92,10 +93,11 @@ def detect_quant_algo(model_dir: Path, config: Mapping[str, Any]) -> str | None:
 
 
 def check_model(
-    profile: Profile, model_dir: Path, argv: Sequence[str] | None = None
+    profile: Profile, model_dir: Path, args: ServerArgs | None = None
 ) -> dict[str, Any]:
-    """The model dir holds what the profile's flags need; `argv` is the SGLang argv (default:
-    the profile's args), for what the extra args add (MTP's NextN layer)."""
+    """The model dir holds what the profile's flags need; `args` is the SGLang argv as SGLang's
+    parser reads it, for what the extra args add (MTP's NextN layer); default: the profile's
+    own args, read by the stored parser of its line (the doctor's case, without SGLang)."""
     config = read_model_config(model_dir)
     archs = config.get("architectures") or []
     arch = archs[0] if isinstance(archs, list) and archs else None
@@ -125,10 +127,9 @@ def check_model(
                 f"model in {model_dir} has {key}={config.get(key)!r}, but profile "
                 f"'{profile.name}' needs {key}={value!r}" + (f" ({why})" if why else "")
             )
-    args = profile.args if argv is None else argv
-    speculative.check_draft_layer(
-        speculative.from_argv(args), config, model_dir, args, f"profile '{profile.name}'"
-    )
+    if args is None:
+        args = server_args(profile.args, sglang_versions(profile))
+    speculative.check_draft_layer(config, model_dir, args, f"profile '{profile.name}'")
     return config
 
 
@@ -269,22 +270,20 @@ def choose_fp8_attention(
     return "native", "default (not timed)"
 
 
-def decode_timing_env(
-    argv: Sequence[str], model_config: Mapping[str, Any], tp: int
-) -> dict[str, str]:
+def decode_timing_env(args: ServerArgs, model_config: Mapping[str, Any], tp: int) -> dict[str, str]:
     """The self-test's timing shape: the model's heads per rank, the decode batches the server
     will run (1 and the largest captured CUDA-graph batch, 64 where the profile leaves it to
     SGLang) and, under MTP, the query tokens of a target verify pass
-    (speculative.from_argv(argv).tokens_per_verify), which the native kernel serves too: the
+    (speculative.from_args(args).tokens_per_verify), which the native kernel serves too: the
     paths are then timed on decode and on verify, and the faster over both serves."""
     env = {}
     heads = model_config.get("num_attention_heads")
     if isinstance(heads, int) and heads > 0 and tp > 0:
         env.update(switches.SELFTEST_HEADS.setting([max(1, heads // tp)]))
-    max_bs = flag_value(argv, "--cuda-graph-max-bs")
-    batches = [1, int(max_bs) if max_bs and max_bs.isdigit() and int(max_bs) > 0 else 64]
+    max_bs = args.get("--cuda-graph-max-bs")
+    batches = [1, max_bs if isinstance(max_bs, int) and max_bs > 0 else 64]
     env.update(switches.SELFTEST_DECODE_BATCHES.setting(batches))
-    spec = speculative.from_argv(argv)
+    spec = speculative.from_args(args)
     tokens = spec.tokens_per_verify if spec is not None else None
     if tokens and tokens > 1:
         env.update(switches.SELFTEST_VERIFY_TOKENS.setting([tokens]))
@@ -322,27 +321,24 @@ def check_driver(driver: str | None, cuda: str | None) -> None:
     )
 
 
-def cuda_graph_warning(argv: Sequence[str]) -> str | None:
+def cuda_graph_warning(args: ServerArgs) -> str | None:
     """One line when a running batch can outgrow the captured decode CUDA graphs.
 
     SGLang replays a graph only for batches up to --cuda-graph-max-bs; a larger batch decodes
     eagerly, several times slower (TPOT 6.9 -> 91 ms measured with 17 running vs 16 captured).
     The exporter's canary is one more running request, so N load streams + canary = N + 1.
     """
-    if "--disable-cuda-graph" in argv:
+    if args.get("--disable-cuda-graph"):
         return None
-    max_bs = flag_value(argv, "--cuda-graph-max-bs")
+    max_bs = args.get("--cuda-graph-max-bs")
     if max_bs is None:
         return None  # SGLang sizes both from the GPU: nothing the launcher can compare
     # With speculative decoding and no --max-running-requests SGLang caps the batch at 48;
     # the graphs count requests there too (each captured batch is scaled by the verify tokens).
-    running = speculative.max_running_requests(argv)
-    try:
-        if running is not None and int(running) <= int(max_bs):
-            return None
-    except ValueError:
-        return None  # SGLang's own parser will refuse the value
-    if flag_value(argv, "--max-running-requests") is None and running is not None:
+    running = speculative.max_running_requests(args)
+    if isinstance(running, int) and isinstance(max_bs, int) and running <= max_bs:
+        return None
+    if running is not None and not args.given("--max-running-requests"):
         allows = f"speculative decoding lets SGLang run {running} requests (its MTP default)"
     elif running is not None:
         allows = f"--max-running-requests {running} allows more"

@@ -31,12 +31,16 @@ from glmserve.launch.profiles import (
     sglang_versions,
     uses_patched_path,
 )
+from glmserve.netaddr import host_problem
 
 PROG = "glmserve.launch"
 NOT_HERE = "not installed here (checked when the server image starts)"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 30000
 EXTRA_ARGS_ENV = "GLMSERVE_EXTRA_ARGS"
+# Under compose the model is mounted at a container path; this names the host folder behind it
+# (MODEL_DIR), so that the plan and a refusal say the path the user set, not only /model.
+MODEL_HOST_ENV = "GLMSERVE_MODEL_HOST_PATH"
 
 # Input name -> environment variable. The CLI wins over the environment, which wins over the
 # profile; docs/launch.md lists the same table.
@@ -203,12 +207,15 @@ def resolve_inputs(
     tp = _int("TP", tp_raw, 1, 1024) if tp_raw is not None else profile.tp
     nnodes, node_rank, dist_init_addr = _resolve_nodes(ns, environ, profile, tp)
     host = _pick(ns.host, environ, "host") or DEFAULT_HOST
+    host_said = host_problem(host)
+    if host_said:
+        raise LaunchError(f"host {host!r} {host_said} (--host or {ENV_INPUTS['host']})")
     port_raw = _pick(ns.port, environ, "port")
     port = _int("port", port_raw, 1, 65535) if port_raw is not None else DEFAULT_PORT
     extra = [*parse_extra_env(environ.get(EXTRA_ARGS_ENV)), *extra_cli]
-    # At once, with no SGLang needed (the doctor checks .env through this function): every
-    # prefix of an owned flag. run() asks SGLang's own parser as well, once it has found SGLang.
-    sglang_argv.check_not_owned(None, extra, LAUNCHER_OWNED_FLAGS, "extra SGLang arg")
+    # At once, with no SGLang needed (the doctor checks .env through this function): the stored
+    # parser of the profile's line. run() asks the installed SGLang's own parser as well.
+    check_sglang_args(stored_parser(profile), [], extra, profile)
     allow_any = ns.allow_any_arch or checks.parse_bool(
         ENV_INPUTS["allow_any_arch"], environ.get(ENV_INPUTS["allow_any_arch"])
     )
@@ -230,6 +237,41 @@ def resolve_inputs(
         skip_selftest=bool(skip_selftest),
         build_info=build_info,
     )
+
+
+@dataclass(frozen=True)
+class SglangParser:
+    """SGLang's parser for this launch, and whose it is (named in each refusal)."""
+
+    parser: argparse.ArgumentParser
+    whose: str
+
+
+def stored_parser(profile: Profile) -> SglangParser | None:
+    """The stored parser of the profile's SGLang line (glmserve.launch.argspec), or None for a
+    profile pinned to a line with none stored."""
+    found = sglang_argv.line_parser(sglang_versions(profile))
+    if found is None:
+        return None
+    version, parser = found
+    return SglangParser(parser, f"SGLang {version}'s own parser, stored from its server_args.py")
+
+
+def check_sglang_args(
+    sglang: SglangParser | None, profile_args: Sequence[str], extra: Sequence[str], profile: Profile
+) -> None:
+    """Refuse, one line each, a profile or extra arg that SGLang would read as one of the
+    launcher's own flags, and every flag or value SGLang's parser refuses (or its server would
+    fail on: glmserve.launch.sglang_argv.check_args). Without a parser, every prefix of an
+    owned flag (a superset of what the parser resolves to one; tests/launch checks no more)."""
+    parser = sglang.parser if sglang is not None else None
+    where = f"profile '{profile.name}' arg"
+    sglang_argv.check_not_owned(parser, profile_args, LAUNCHER_OWNED_FLAGS, where)
+    sglang_argv.check_not_owned(parser, extra, LAUNCHER_OWNED_FLAGS, "extra SGLang arg")
+    if sglang is not None:
+        where = f"profile '{profile.name}' args"
+        sglang_argv.check_args(sglang.parser, profile_args, where, sglang.whose)
+        sglang_argv.check_args(sglang.parser, extra, "extra SGLang args", sglang.whose)
 
 
 def _resolve_nodes(
@@ -310,9 +352,10 @@ def build_plan(
     return Plan(profile, inputs, argv, env, managed, sources, dict(model_config or {}))
 
 
-def _fit(plan: Plan, gpus: Sequence[Any] | None) -> fit.Fit | None:
+def _fit(ready: Validated, gpus: Sequence[Any] | None) -> fit.Fit | None:
     """The fit check for a profile that names its GPU memory, with the probed memory when the
     GPUs were probed and report it, else the profile's nominal value. Refuses when it fails."""
+    plan = ready.plan
     profile, inputs = plan.profile, plan.inputs
     if profile.gpu_memory_gib is None:
         return None
@@ -328,38 +371,42 @@ def _fit(plan: Plan, gpus: Sequence[Any] | None) -> fit.Fit | None:
         quant_algo=profile.model.quant_algo,
         tp=inputs.tp,
         gpu_memory=memory,
-        argv=plan.argv,
+        args=ready.args,
     )
     fit.check_fit(result, profile.name, where)
     return result
 
 
-def _report(
-    plan: Plan,
-    shown_argv: list[str],
-    sglang: dict[str, Any],
-    gpus: str,
-    warnings: list[str],
-    fitted: fit.Fit | None,
-) -> dict[str, Any]:
-    spec = speculative.from_argv(plan.argv)
+def on_the_host(message: str, model_path: Path, environ: Mapping[str, str]) -> str:
+    """`message` with the model's container path followed by the host folder mounted there."""
+    host_path = environ.get(MODEL_HOST_ENV, "").strip()
+    if not host_path or host_path == str(model_path):
+        return message
+    return message.replace(str(model_path), f"{model_path} (MODEL_DIR={host_path} on the host)", 1)
+
+
+def _report(ready: Validated, gpus: str, fitted: fit.Fit | None) -> dict[str, Any]:
+    plan = ready.plan
+    spec = speculative.from_args(ready.args)
     return {
         "profile": plan.profile.name,
         "profile_file": str(plan.profile.path),
         "model_path": str(plan.inputs.model_path),
+        # Under compose: the host folder mounted at model_path (MODEL_DIR); else model_path.
+        "model_path_on_host": plan.env.get(MODEL_HOST_ENV) or str(plan.inputs.model_path),
         "tp": plan.inputs.tp,
         "nnodes": plan.inputs.nnodes,
         "fit": None if fitted is None else fitted.as_dict(),
         # MTP as SGLang will run it (None: no speculative decoding asked).
         "speculative": None if spec is None else spec.as_dict(),
-        "argv": shown_argv,  # secret values redacted
+        "argv": ready.shown,  # secret values redacted
         # Only the variables the profile manages (plus the patch switch): the full environment
         # may hold tokens and must not be echoed into CI logs.
         "env": plan.managed,
         "env_sources": plan.sources,
-        "sglang": sglang,
+        "sglang": ready.sglang_info,
         "gpus": gpus,
-        "warnings": warnings,
+        "warnings": ready.warnings,
     }
 
 
@@ -385,6 +432,7 @@ class Validated:
     sglang_info: dict[str, Any]
     warnings: list[str]
     shown: list[str]  # the argv as printed (secret values redacted)
+    args: sglang_argv.ServerArgs  # the SGLang argv as SGLang's parser reads it
 
 
 @dataclass(frozen=True)
@@ -413,18 +461,11 @@ def run(argv: Sequence[str], host: Host, out: Any = None, err: Any = None) -> in
     # --- validation: nothing has started yet ---
     ready = validate(profile, inputs, host, dry_run=ns.dry_run)
     if ns.dry_run:
-        report = _report(
-            ready.plan, ready.shown, ready.sglang_info, "not probed (--dry-run)", ready.warnings,
-            _fit(ready.plan, None),
-        )  # fmt: skip
-        _print_json(report, out)
+        _print_json(_report(ready, "not probed (--dry-run)", _fit(ready, None)), out)
         return 0
     gpu_line, fitted, fp8_gather = check_host(ready, host, err)
     if ns.check:
-        _print_json(
-            _report(ready.plan, ready.shown, ready.sglang_info, gpu_line, ready.warnings, fitted),
-            out,
-        )
+        _print_json(_report(ready, gpu_line, fitted), out)
         return 0
     checks.check_build_info_target(inputs.build_info)
 
@@ -462,12 +503,15 @@ def validate(profile: Profile, inputs: Inputs, host: Host, dry_run: bool) -> Val
     """The model, SGLang and its patch, the argv, the switches and the cache dir, in the order
     the refusals are most useful; nothing starts."""
     environ = host.environ
-    sglang_args = [*profile.args, *inputs.extra_args]
-    model_config = checks.check_model(profile, inputs.model_path, sglang_args)
+    versions = sglang_versions(profile)
+    # The model first. What the argv asks of it (MTP's NextN layer) is read by the stored
+    # parser of the profile's line: the installed SGLang, checked below, must be that line.
+    asked = sglang_argv.server_args([*profile.args, *inputs.extra_args], versions)
+    try:
+        model_config = checks.check_model(profile, inputs.model_path, asked)
+    except LaunchError as exc:
+        raise LaunchError(on_the_host(str(exc), inputs.model_path, environ)) from None
     plan = build_plan(profile, inputs, environ, sys.executable, model_config)
-    backend = decode_attention_backend(plan.argv)
-    patched_path = uses_patched_path(plan.argv, sglang_versions(profile))
-    checks.check_patched_geometry(model_config, patched_path)
     site = host.sglang_site()
     # compose's launcher service dry-runs in the tools image, so that seeing the command needs
     # no SGLang base image: the plan is the same, and SGLang itself is checked where it runs.
@@ -478,15 +522,26 @@ def validate(profile: Profile, inputs: Inputs, host: Host, dry_run: bool) -> Val
         raise LaunchError(half)  # files may be mid-swap: no profile may run on them
     marker = host.read_marker(site) if site is not None and version is not None else None
     if not without_sglang:
-        checks.check_sglang(profile, site, version, marker, require_patch=patched_path)
-        assert site is not None  # check_sglang refused otherwise
-    # Asked of SGLang's own parser: `--hos` or `--tp-s=64` would override the launcher's checks.
-    # Without SGLang (the tools image's dry run) every prefix of a launcher-owned flag is refused
-    # instead, a superset of what the parser resolves to one (tests/launch checks it is no more).
-    parser = host.sglang_parser(site) if site is not None else None
-    where = f"profile '{profile.name}' arg"
-    sglang_argv.check_not_owned(parser, profile.args, LAUNCHER_OWNED_FLAGS, where)
-    sglang_argv.check_not_owned(parser, inputs.extra_args, LAUNCHER_OWNED_FLAGS, "extra SGLang arg")
+        # SGLang and its version first: the parser below is the installed one's.
+        checks.check_sglang(profile, site, version, marker, require_patch=False)
+    # Asked of SGLang's own parser: `--hos` or `--tp-s=64` would override the launcher's checks,
+    # and a value SGLang refuses would be found minutes into start-up. The installed SGLang's;
+    # without SGLang (the tools image's dry run), the stored one of the profile's line.
+    if site is not None:
+        sglang = SglangParser(host.sglang_parser(site), f"the installed SGLang {version}'s parser")
+    else:
+        sglang = stored_parser(profile)
+    check_sglang_args(sglang, profile.args, inputs.extra_args, profile)
+    # Every flag value the launcher acts on, read as SGLang will read it.
+    args = sglang_argv.ServerArgs.parse(sglang.parser, plan.argv[3:]) if sglang else (
+        sglang_argv.server_args(plan.argv[3:], versions)
+    )  # fmt: skip
+    backend = decode_attention_backend(args)
+    patched_path = uses_patched_path(args, versions)
+    checks.check_patched_geometry(model_config, patched_path)
+    if not without_sglang and patched_path:
+        checks.check_sglang(profile, site, version, marker, require_patch=True)
+    parser = sglang.parser if sglang is not None else None
     if patched_path and site is not None:
         problems = host.preflight(site)
         if problems:
@@ -503,15 +558,15 @@ def validate(profile: Profile, inputs: Inputs, host: Host, dry_run: bool) -> Val
         # Recorded only where it means something.
         "fp8_gather": fp8.gather if patched_path else "n/a",
     }
-    warnings = [w for w in [checks.cuda_graph_warning(plan.argv)] if w]
+    warnings = [w for w in [checks.cuda_graph_warning(args)] if w]
     if without_sglang:
         warnings.append(
-            f"no SGLang in this image: its version ({' or '.join(sglang_versions(profile))} "
+            f"no SGLang in this image: its version ({' or '.join(versions)} "
             "expected) and the patch are checked when the server image starts"
         )
     shown = sglang_argv.redact(parser, plan.argv)  # what is printed; SGLang gets plan.argv
     return Validated(
-        plan, backend, patched_path, site, version, marker, fp8, sglang_info, warnings, shown
+        plan, backend, patched_path, site, version, marker, fp8, sglang_info, warnings, shown, args
     )
 
 
@@ -525,7 +580,7 @@ def check_host(ready: Validated, host: Host, err: Any) -> tuple[str, fit.Fit | N
     checks.check_gpus(plan.profile, inputs.tp, gpus, inputs.allow_any_arch, inputs.nnodes)
     local = gpus[: inputs.tp // inputs.nnodes]
     gpu_line = ", ".join(f"{g.index}:{g.name} (sm {g.capability_str})" for g in local)
-    fitted = _fit(plan, gpus)
+    fitted = _fit(ready, gpus)
     fp8_gather = ready.fp8.gather if ready.patched_path else ""
     # The patched SGLang turns the gather off by itself on such GPUs: say so, record what runs.
     unsupported = checks.fp8_gather_unsupported(local) if fp8_gather == "on" else None
@@ -563,7 +618,7 @@ def self_test(
         return env, decode
     # The shape the self-test times both decode paths at: this model's heads per rank and
     # this server's decode batches (pathtiming); the server ignores these variables.
-    env.update(checks.decode_timing_env(plan.argv, plan.model_config, plan.inputs.tp))
+    env.update(checks.decode_timing_env(ready.args, plan.model_config, plan.inputs.tp))
     status, detail, native, timing = host.run_selftest(env)
     if status not in ("passed", "skipped"):
         raise LaunchError(
@@ -609,15 +664,15 @@ def write_build_info(ready: Validated, fp8_gather: str, decode: Fp8Decode) -> No
             # Whether this profile's decode runs a file the line's series patched.
             "patch_in_use": "yes" if ready.patched_path else "no",
             # What was asked of speculative decoding (MTP), for the acceptance alert.
-            **speculative_fields(ready.plan.argv),
+            **speculative_fields(ready.args),
             "source": "launcher",
         },
     )
 
 
-def speculative_fields(argv: Sequence[str]) -> dict[str, str]:
+def speculative_fields(args: sglang_argv.ServerArgs) -> dict[str, str]:
     """The build-info fields of speculative decoding ("" where the argv asks for none)."""
-    spec = speculative.from_argv(argv)
+    spec = speculative.from_args(args)
     tokens = spec.tokens_per_verify if spec is not None else None
     return {
         "speculative_algorithm": spec.algorithm if spec is not None else "",

@@ -28,12 +28,15 @@ activations, NCCL and the CUDA graphs also live in.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from glmserve.launch import speculative
 from glmserve.launch.errors import LaunchError
+
+if TYPE_CHECKING:
+    from glmserve.launch.sglang_argv import ServerArgs
 
 GIB = 1024**3
 MIB = 1024**2
@@ -152,25 +155,14 @@ def kv_bytes_per_token(config: Mapping[str, Any], kv_dtype: str, backend: str | 
     return layers * row * (1 if fp8 else BF16_BYTES)
 
 
-def last_value(argv: Sequence[str], flag: str) -> str | None:
-    """The value argparse would keep for a store option (its last occurrence)."""
-    value = None
-    for i, token in enumerate(argv):
-        if token == flag and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif token.startswith(flag + "="):
-            value = token.split("=", 1)[1]
-    return value
-
-
-def default_mem_fraction(gpu_memory: int, tp: int, argv: Sequence[str]) -> float:
+def default_mem_fraction(gpu_memory: int, tp: int, args: ServerArgs) -> float:
     """The pinned SGLang's own choice when --mem-fraction-static is not given
     (server_args._handle_gpu_memory_settings): reserve room for activations of one prefill
     chunk (1.5 MB per token), CUDA graphs (2 MB per batch size) and TP (1 GB per 8 ranks),
     at least 10 GB on GPUs over 60 GB, and give the rest to weights + KV."""
     mib = gpu_memory / MIB
-    chunk = last_value(argv, "--chunked-prefill-size")
-    graphs = last_value(argv, "--cuda-graph-max-bs")
+    chunk = args.get("--chunked-prefill-size")
+    graphs = args.get("--cuda-graph-max-bs")
     default_chunk, default_graphs = (16384, 512) if mib >= 160 * 1024 else (8192, 512)
     if mib < 160 * 1024 and tp < 4:
         default_graphs = 256
@@ -179,20 +171,20 @@ def default_mem_fraction(gpu_memory: int, tp: int, argv: Sequence[str]) -> float
     reserved = 512 + max(chunk_tokens, 2048) * 1.5 + graph_bs * 2 + tp / 8 * 1024
     if mib > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
-    reserved += speculative.draft_reserve_mib(argv)  # the draft model and its graphs
+    reserved += speculative.draft_reserve_mib(args)  # the draft model and its graphs
     return round((mib - reserved) / mib, 3)
 
 
 def draft_bytes(
-    config: Mapping[str, Any], argv: Sequence[str], tp: int, kv_pool_tokens: int
+    config: Mapping[str, Any], args: ServerArgs, tp: int, kv_pool_tokens: int
 ) -> tuple[int, int]:
     """(draft weights per GPU, draft KV per GPU) of MTP from the model's own NextN layer, or
     (0, 0). The NextN layer is one MoE decoder layer plus eh_proj (2h x h, replicated), in BF16;
     it shares the target's embedding and lm_head (eagle_worker.py set_embed_and_head)."""
-    spec = speculative.from_argv(argv)
+    spec = speculative.from_args(args)
     if spec is None or not spec.uses_nextn_layer:
         return 0, 0
-    merged = speculative.effective_config(config, argv)
+    merged = speculative.effective_config(config, args)
     draft_layers = merged.get("num_nextn_predict_layers")
     if not isinstance(draft_layers, int) or draft_layers < 1:
         return 0, 0  # checks.check_model refuses this before the fit runs
@@ -200,8 +192,8 @@ def draft_bytes(
     split, repeated = weight_bytes(one_layer, quantized_experts=False, embeddings=False)
     hidden = _int(merged, "hidden_size")
     weights = split // tp + repeated + BF16_BYTES * 2 * hidden * hidden * draft_layers
-    kv_dtype = last_value(argv, "--kv-cache-dtype") or "auto"
-    per_token = kv_bytes_per_token(one_layer, kv_dtype, last_value(argv, "--attention-backend"))
+    kv_dtype = args.get("--kv-cache-dtype") or "auto"
+    per_token = kv_bytes_per_token(one_layer, kv_dtype, args.get("--attention-backend"))
     return weights, per_token * kv_pool_tokens
 
 
@@ -211,24 +203,25 @@ def compute_fit(
     quant_algo: str | None,
     tp: int,
     gpu_memory: int,
-    argv: Sequence[str],
+    args: ServerArgs,
 ) -> Fit:
-    """Per-GPU budget for a server started with `argv` (the final SGLang argv)."""
+    """Per-GPU budget for a server started with `args` (the final SGLang argv, as SGLang's
+    parser reads it: an abbreviated or repeated flag counts as SGLang counts it)."""
     split, repeated = weight_bytes(config, quantized_experts=(quant_algo or "").upper() == "NVFP4")
     per_gpu = split // tp + repeated
-    fraction_raw = last_value(argv, "--mem-fraction-static")
-    fraction = float(fraction_raw) if fraction_raw else default_mem_fraction(gpu_memory, tp, argv)
-    kv_dtype = last_value(argv, "--kv-cache-dtype") or "auto"
-    per_token = kv_bytes_per_token(config, kv_dtype, last_value(argv, "--attention-backend"))
+    given = args.get("--mem-fraction-static")
+    fraction = float(given) if given is not None else default_mem_fraction(gpu_memory, tp, args)
+    kv_dtype = args.get("--kv-cache-dtype") or "auto"
+    per_token = kv_bytes_per_token(config, kv_dtype, args.get("--attention-backend"))
     budget = int(gpu_memory * fraction) - per_gpu
-    context = last_value(argv, "--context-length") or config.get("max_position_embeddings")
+    context = args.get("--context-length") or config.get("max_position_embeddings")
     pool_tokens = max(budget, 0) // per_token
-    draft_weights, draft_kv = draft_bytes(config, argv, tp, pool_tokens)
+    draft_weights, draft_kv = draft_bytes(config, args, tp, pool_tokens)
     return Fit(
         tp=tp,
         gpu_memory=gpu_memory,
         mem_fraction_static=fraction,
-        fraction_source="argv" if fraction_raw else "SGLang default",
+        fraction_source="argv" if given is not None else "SGLang default",
         weights_per_gpu=per_gpu,
         kv_bytes_per_token=per_token,
         kv_pool_tokens=pool_tokens,
@@ -240,7 +233,12 @@ def compute_fit(
 
 def check_fit(fit: Fit, profile_name: str, where: str) -> None:
     """Refuse in one line when the weights do not fit, or leave no room for one full-length
-    request's KV."""
+    request's KV, or the fraction itself is impossible (more memory than the GPU has)."""
+    if not 0 < fit.mem_fraction_static <= 1:
+        raise LaunchError(
+            f"profile '{profile_name}': --mem-fraction-static {fit.mem_fraction_static:g} is "
+            "not a fraction of GPU memory, in (0, 1]"
+        )
     if fit.fits:
         return
     if fit.kv_pool_tokens >= fit.min_kv_tokens:  # only the MTP draft does not fit

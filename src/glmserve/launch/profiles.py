@@ -11,10 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from glmserve import sglang_lines
 from glmserve.launch.errors import LaunchError, read_json
+
+if TYPE_CHECKING:
+    from glmserve.launch.sglang_argv import ServerArgs
 
 SCHEMA_VERSION = 1
 PROFILES_DIR_ENV = "GLMSERVE_PROFILES_DIR"
@@ -251,36 +254,21 @@ def _parse_model(raw: Any, path: Path) -> ModelSpec:
     )
 
 
-def flag_value(argv: Sequence[str], *names: str) -> str | None:
-    """The value SGLang's argparse ends up with for a value option: the last `--flag v` or
-    `--flag=v` among `names` (profile args come first, extra args after, so the user's wins)."""
-    value = None
-    for i, token in enumerate(argv):
-        flag, eq, inline = token.partition("=")
-        if flag in names:
-            if eq:
-                value = inline
-            elif i + 1 < len(argv):
-                value = argv[i + 1]
-    return value
+def decode_attention_backend(args: ServerArgs) -> str:
+    """The decode attention backend an argv asks for, as SGLang's parser reads it ("" = left
+    to SGLang, which picks nsa for GLM-5 and fa3/trtllm_mla for other MLA models: never the
+    patched flashinfer path)."""
+    return args.get("--decode-attention-backend") or args.get("--attention-backend") or ""
 
 
-def decode_attention_backend(argv: Sequence[str]) -> str:
-    """The decode attention backend an argv asks for ("" = left to SGLang, which picks nsa for
-    GLM-5 and fa3/trtllm_mla for other MLA models: never the patched flashinfer path)."""
-    return (
-        flag_value(argv, "--decode-attention-backend")
-        or flag_value(argv, "--attention-backend")
-        or ""
-    )
-
-
-def uses_patched_path(argv: Sequence[str], sglang_versions: Sequence[str] = ()) -> bool:
+def uses_patched_path(args: ServerArgs, sglang_versions: Sequence[str] = ()) -> bool:
     """True when decode runs an MLA backend the patch series of one of these SGLang lines
     changes: flashinfer on every line, and from 0.5.17 on also fa3 (glmserve.sglang_lines). DSA
-    (nsa/dsa) and every other backend read the KV pool through code the series does not touch."""
+    (nsa/dsa) and every other backend read the KV pool through code the series does not touch.
+    It decides whether the patch and the preflight are required, so it reads the argv as SGLang
+    does: `--attention-back fa3` after `--attention-backend flashinfer` is fa3."""
     patched = {b for v in sglang_versions for b in sglang_lines.patched_backends(v)}
-    return decode_attention_backend(argv) in (patched or {"flashinfer"})  # every series: flashinfer
+    return decode_attention_backend(args) in (patched or {"flashinfer"})  # every series: flashinfer
 
 
 def sglang_versions(profile: Profile) -> tuple[str, ...]:

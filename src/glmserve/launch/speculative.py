@@ -17,21 +17,24 @@ both minutes into loading or never visibly at all:
   loads no draft weights, does not complain, and drafts from random weights, so acceptance stays
   near 1 token per step and MTP only costs time.
 
-Both are refused here, before anything starts, in one line. Stdlib only (the launcher runs in
-the SGLang image).
+Both are refused here, before anything starts, in one line. Every flag is read as SGLang's own
+parser reads it (glmserve.launch.sglang_argv.ServerArgs: abbreviations, `=` forms, the last
+occurrence). Stdlib only (the launcher runs in the SGLang image).
 """
 
 from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from glmserve.launch.errors import LaunchError
-from glmserve.launch.profiles import flag_value
+
+if TYPE_CHECKING:
+    from glmserve.launch.sglang_argv import ServerArgs
 
 # SGLang treats NEXTN as EAGLE (server_args.py _resolve_speculative_algorithm_alias).
 NEXTN_ALGORITHMS = ("EAGLE", "NEXTN")
@@ -49,7 +52,7 @@ MAX_HEADER_BYTES = 100 << 20  # a safetensors header is JSON; a larger one is no
 
 @dataclass(frozen=True)
 class Speculative:
-    """The speculative-decoding flags of an argv (the values argparse keeps: the last ones)."""
+    """The speculative-decoding flags of an argv, as SGLang's parser reads them."""
 
     algorithm: str  # upper case, as SGLang normalizes it
     num_steps: int | None
@@ -80,39 +83,32 @@ class Speculative:
         }
 
 
-def _int_or_none(raw: str | None) -> int | None:
-    try:
-        return int(raw) if raw is not None else None
-    except ValueError:
-        return None  # SGLang's own parser refuses it
-
-
-def from_argv(argv: Sequence[str]) -> Speculative | None:
-    """The speculative settings an argv asks for, or None when it asks for none."""
-    algorithm = flag_value(argv, "--speculative-algorithm")
+def from_args(args: ServerArgs) -> Speculative | None:
+    """The speculative settings an argv asks for, or None when it asks for none. The numbers
+    arrive as SGLang's parser converted them (it refuses a value that is not an integer);
+    --speculative-draft-model is the draft path's alias, one dest with it."""
+    algorithm = args.get("--speculative-algorithm")
     if not algorithm:
         return None
     return Speculative(
-        algorithm=algorithm.upper(),
-        num_steps=_int_or_none(flag_value(argv, "--speculative-num-steps")),
-        eagle_topk=_int_or_none(flag_value(argv, "--speculative-eagle-topk")),
-        num_draft_tokens=_int_or_none(flag_value(argv, "--speculative-num-draft-tokens")),
-        draft_model_path=flag_value(
-            argv, "--speculative-draft-model-path", "--speculative-draft-model"
-        ),
+        algorithm=str(algorithm).upper(),
+        num_steps=args.get("--speculative-num-steps"),
+        eagle_topk=args.get("--speculative-eagle-topk"),
+        num_draft_tokens=args.get("--speculative-num-draft-tokens"),
+        draft_model_path=args.get("--speculative-draft-model-path"),
     )
 
 
-def effective_config(config: Mapping[str, Any], argv: Sequence[str]) -> dict[str, Any]:
+def effective_config(config: Mapping[str, Any], args: ServerArgs) -> dict[str, Any]:
     """config.json as SGLang sees it: --json-model-override-args applied with dict.update
     (model_config.py), which is how the tiny bench model gets its NextN layer."""
     merged = dict(config)
-    raw = flag_value(argv, "--json-model-override-args")
+    raw = args.get("--json-model-override-args")
     if raw:
         try:
             override = json.loads(raw)
         except ValueError:
-            override = None  # SGLang's parser and the profile tests refuse it
+            override = None  # sglang_argv.check_args refuses it
         if isinstance(override, dict):
             merged.update(override)
     return merged
@@ -153,15 +149,12 @@ def weight_names(model_dir: Path) -> list[str] | None:
 
 
 def check_draft_layer(
-    spec: Speculative | None,
-    config: Mapping[str, Any],
-    model_dir: Path,
-    argv: Sequence[str],
-    who: str,
+    config: Mapping[str, Any], model_dir: Path, args: ServerArgs, who: str
 ) -> None:
     """Refuse, in one line, speculative decoding from the model's own NextN layer when the
     model dir has none: not declared in config.json (after --json-model-override-args), or
     declared with no weights of that layer in the checkpoint. `who` names what asked for it."""
+    spec = from_args(args)
     if spec is None or not spec.uses_nextn_layer:
         return
     asked = (
@@ -172,7 +165,7 @@ def check_draft_layer(
         "use a checkpoint that carries the MTP layer (docs/deploy.md, 'MTP speculative "
         "decoding') or a profile without MTP"
     )
-    merged = effective_config(config, argv)
+    merged = effective_config(config, args)
     declared = merged.get("num_nextn_predict_layers")
     if not isinstance(declared, int) or isinstance(declared, bool) or declared < 1:
         state = "is missing" if declared is None else f"is {declared!r}"
@@ -180,9 +173,7 @@ def check_draft_layer(
             f"{asked}, but in {model_dir}/config.json num_nextn_predict_layers {state}: "
             f"the model has no NextN layer; {fix}"
         )
-    load_format = flag_value(argv, "--speculative-draft-load-format") or flag_value(
-        argv, "--load-format"
-    )
+    load_format = args.get("--speculative-draft-load-format") or args.get("--load-format")
     if load_format == "dummy":
         return  # random weights by request: nothing to look for
     names = weight_names(model_dir)
@@ -200,17 +191,18 @@ def check_draft_layer(
         )
 
 
-def max_running_requests(argv: Sequence[str]) -> str | None:
-    """--max-running-requests as SGLang will run it: the argv's, else its speculative cap."""
-    running = flag_value(argv, "--max-running-requests")
-    if running is None and from_argv(argv) is not None:
-        return str(SPECULATIVE_DEFAULT_MAX_RUNNING)
+def max_running_requests(args: ServerArgs) -> int | None:
+    """--max-running-requests as SGLang will run it: the argv's, else its speculative cap
+    (None: unset without speculative decoding, SGLang sizes it from the KV pool)."""
+    running = args.get("--max-running-requests")
+    if running is None and from_args(args) is not None:
+        return SPECULATIVE_DEFAULT_MAX_RUNNING
     return running
 
 
-def draft_reserve_mib(argv: Sequence[str]) -> int:
+def draft_reserve_mib(args: ServerArgs) -> int:
     """SGLang's extra mem-fraction reserve for a draft model and its graphs (0 without one)."""
-    spec = from_argv(argv)
+    spec = from_args(args)
     if spec is None:
         return 0
     return DRAFT_RESERVE_MIB.get(spec.algorithm, DEFAULT_DRAFT_RESERVE_MIB)

@@ -153,11 +153,11 @@ class LoadTestOptions:
             max_tokens=int(ns.max_tokens),
             input_tokens=int(ns.input_tokens),
             prompt_file=ns.prompt_file or None,
-            seed=_optional(int, ns.seed),
+            seed=_optional(int, ns.seed, "--seed"),
             request_timeout_s=float(ns.request_timeout_s),
             read_timeout_s=float(ns.read_timeout_s),
-            slo_ttft_ms=_optional(float, ns.slo_ttft_ms),
-            slo_tpot_ms=_optional(float, ns.slo_tpot_ms),
+            slo_ttft_ms=_optional(float, ns.slo_ttft_ms, "--slo-ttft-ms"),
+            slo_tpot_ms=_optional(float, ns.slo_tpot_ms, "--slo-tpot-ms"),
             slo_percentile=float(ns.slo_percentile),
             report_dir=ns.report_dir or DEFAULT_REPORT_DIR,
             build_info=ns.build_info or None,
@@ -192,25 +192,23 @@ def parse_rates(text: Any) -> tuple[float, ...]:
         return tuple(float(part) for part in str(text).split(","))
     except ValueError:
         raise OptionsError(
-            f"--rate {text!r}: not requests per second (a number, or a list like 2,4,8)"
+            f"--rate {text!r} is not requests per second (a number, or a list like 2,4,8)"
         ) from None
 
 
-def _number(kind: type, value: Any, flag: str) -> Any:
-    try:
-        return kind(value)
-    except (TypeError, ValueError):
-        raise OptionsError(f"{flag} {value!r}: not a {kind.__name__}") from None
-
-
-def _optional(kind: type, value: Any) -> Any:
+def _optional(kind: type, value: Any, option: str) -> Any:
     # The web UI hands custom options back as strings, "" meaning unset.
     if value is None or value == "":
         return None
+    return _number(kind, value, option)
+
+
+def _number(kind: type, value: Any, option: str) -> Any:
     try:
         return kind(value)
     except (TypeError, ValueError) as exc:
-        raise OptionsError(f"not a {kind.__name__}: {value!r}") from exc
+        what = {"float": "a number", "int": "an integer"}.get(kind.__name__, kind.__name__)
+        raise OptionsError(f"{option} {value!r} is not {what}") from exc
 
 
 def add_arguments(parser: Any) -> None:

@@ -170,15 +170,6 @@ def read_embedded(path: Path) -> dict[str, Any]:
     return json.loads(chunks[PNG_KEY])
 
 
-def to_pixel(data: dict[str, Any], x: float, y: float) -> tuple[float, float]:
-    """Where a data point lands in the PNG (column, row), from the embedded axes box."""
-    left, top, right, bottom = data["axes_px"]
-    (x0, x1), (y0, y1) = data["xlim"], data["ylim"]
-    col = left + (x - x0) / (x1 - x0) * (right - left)
-    row = bottom - (y - y0) / (y1 - y0) * (bottom - top)
-    return col, row
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:

@@ -10,7 +10,9 @@ import random
 import signal
 import socket
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -72,6 +74,12 @@ def _on_init(environment: Environment, **_: Any) -> None:
             " (e.g. -H http://127.0.0.1:30000)\n"
         )
         sys.exit(2)
+    if not isinstance(environment.runner, WorkerRunner):
+        problem = report_dir_problem(options.report_dir)
+        if problem:
+            # Found now, not after the whole run (a sweep's results were once lost this way).
+            sys.stderr.write(f"locust decode suite: {problem}\n")
+            sys.exit(2)
     if ns.headless and not isinstance(environment.runner, WorkerRunner):
         problem = unreachable(environment.host or "")
         if problem:
@@ -97,6 +105,46 @@ def _stop_on_sigterm(environment: Environment, session: Session) -> None:
             gevent.spawn(environment.runner.quit)
 
     gevent.signal_handler(signal.SIGTERM, on_term)
+
+
+def report_dir_problem(report_dir: str) -> str | None:
+    """Why the report could not be written into `report_dir`, or None. Nothing is left behind:
+    a file is written and removed in it, or in the nearest folder that exists when it does not
+    yet (permissions alone do not show a read-only mount)."""
+    path = Path(report_dir).absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(20, "Not a directory")
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".glmserve-write-test-"):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        return f"--report-dir {report_dir} is not writable ({reason}); the report goes there"
+    return None
+
+
+def slo_verdict(summary: dict[str, Any]) -> str | None:
+    """The run's SLO verdict in one line, for the screen (the summary holds the details)."""
+    slo = summary.get("slo")
+    if not slo:
+        return None
+    limits = ", ".join(
+        f"{key.upper()} <= {slo[f'{key}_ms']:g} ms"
+        for key in ("ttft", "tpot")
+        if slo.get(f"{key}_ms") is not None
+    )
+    if slo["passed"]:
+        best = slo.get("max_streams_within_slo")
+        within = f"; up to {best} streams within it" if best else ""
+        return f"SLO met: p{slo['percentile']:g} {limits} in every measured step{within}"
+    breaches = slo["breaches"]
+    more = f" (and {len(breaches) - 3} more)" if len(breaches) > 3 else ""
+    return (
+        f"SLO breached (p{slo['percentile']:g} {limits}; exit {EXIT_SLO_BREACH}): "
+        + "; ".join(breaches[:3])
+        + more
+    )
 
 
 def unreachable(url: str, timeout_s: float = 5.0) -> str | None:
@@ -262,6 +310,9 @@ def _finish(environment: Environment, session: Session) -> None:
         log.error("SLO breach: %s", line)
     _show_steps(outcome.summary)
     log.info("report written to %s", outcome.directory)
+    verdict = slo_verdict(outcome.summary)
+    if verdict:  # on screen whatever --loglevel says, not only in summary.json
+        sys.stderr.write(f"locust decode suite: {verdict}\n")
     ns = environment.parsed_options
     if outcome.breaches:
         environment.process_exit_code = EXIT_SLO_BREACH

@@ -142,6 +142,14 @@ def _discard(raw: Any) -> None:
         sock.close()
 
 
+def failure_label(err: StreamError) -> str:
+    """What Locust's failure table shows for a failed stream: the reason, and for a refused
+    request its status (`http_status: HTTP 503`): one row per code, never one per body."""
+    if err.reason == "http_status" and err.detail:
+        return f"{err.reason}: {err.detail.split(':', 1)[0]}"
+    return err.reason
+
+
 class DecodeUser(FastHttpUser):
     """One stream: send, read to [DONE], report, repeat (no think time). In an open-loop step
     a sender instead: it takes the next due arrival, waits for its time, sends it."""
@@ -225,7 +233,7 @@ class DecodeUser(FastHttpUser):
                 failed = err
                 elapsed = time.perf_counter() - t0
                 resp.request_meta["response_time"] = elapsed * 1e3
-                resp.failure(err.reason)
+                resp.failure(failure_label(err))
                 log.debug("stream failed: %s", err)
                 self.session.record_failure(started_at, started_at + elapsed, err.reason)
             else:

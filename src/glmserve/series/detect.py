@@ -4,29 +4,23 @@ importing it pulls in torch and CUDA, and the tool must run at image build time 
 from __future__ import annotations
 
 import ast
-import re
-from email.parser import HeaderParser
+import importlib.metadata
 from pathlib import Path
 
 from glmserve.series.errors import PatchError
 
 
-def _normalise(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def _metadata_versions(site: Path) -> dict[str, str]:
-    """{metadata file: version} for every sglang dist-info / egg-info directly under `site`."""
-    found: dict[str, str] = {}
-    # Filter on the directory name first: a site-packages holds hundreds of dist-infos.
-    candidates = [*site.glob("*.dist-info/METADATA"), *site.glob("*.egg-info/PKG-INFO")]
-    for meta in sorted(candidates):
-        if not _normalise(meta.parent.name).startswith("sglang-"):
-            continue
-        headers = HeaderParser().parsestr(meta.read_text(encoding="utf-8", errors="replace"))
-        if _normalise(headers.get("Name", "")) == "sglang" and headers.get("Version"):
-            found[str(meta.relative_to(site))] = headers["Version"].strip()
-    return found
+def dist_versions(site: str | Path, project: str) -> list[str]:
+    """The version of every install of `project` recorded directly under `site` (dist-info or
+    egg-info metadata), as importlib.metadata reads them: nothing is imported, and names are
+    matched as packaging normalises them (sglang_router is not sglang). The one reader of
+    installed versions (glmserve.sglang_lines reads the GPU stack's through it too)."""
+    found = []
+    for dist in importlib.metadata.distributions(name=project, path=[str(site)]):
+        version = dist.metadata["Version"] if dist.metadata else None
+        if version:
+            found.append(version.strip())
+    return sorted(found)
 
 
 def _literal_version(path: Path) -> str | None:
@@ -63,12 +57,10 @@ def detect_version(site: str | Path) -> str:
             # The package itself was given (an easy slip when copying a path from a traceback).
             hint = f"; {site} is the package itself: pass its parent, --target {site.parent}"
         raise PatchError(f"no sglang/ package directory in {site}{hint}")
-    meta = _metadata_versions(site)
-    distinct = sorted(set(meta.values()))
+    distinct = sorted(set(dist_versions(site, "sglang")))
     if len(distinct) > 1:
-        listing = ", ".join(f"{k}={v}" for k, v in sorted(meta.items()))
         raise PatchError(
-            f"several SGLang installs recorded in {site} ({listing}); remove stale ones"
+            f"several SGLang installs recorded in {site} ({', '.join(distinct)}); remove stale ones"
         )
     module_version = _literal_version(site / "sglang" / "_version.py") or _literal_version(
         site / "sglang" / "version.py"

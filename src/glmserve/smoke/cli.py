@@ -91,16 +91,18 @@ def profile_facts(
         sglang_versions,
         uses_patched_path,
     )
+    from glmserve.launch.sglang_argv import server_args
 
     if profile_name is None:
         return True, None
     try:
         profile = load_profile(find_profiles_dir(environ, profiles_dir), profile_name)
         extra = parse_extra_env(environ.get(EXTRA_ARGS_ENV))
+        versions = sglang_versions(profile)
+        args = server_args([*profile.args, *extra], versions)
     except LaunchError as exc:
         raise SmokeError(str(exc)) from None
-    patched = uses_patched_path([*profile.args, *extra], sglang_versions(profile))
-    return patched, profile.model.default_path
+    return uses_patched_path(args, versions), profile.model.default_path
 
 
 def port_in_use(port: int) -> bool:
