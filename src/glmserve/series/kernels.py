@@ -78,8 +78,3 @@ def generate(patch: bytes, kernels_dir: Path | None = None) -> bytes:
             else section
         )
     return b"".join(out)
-
-
-def kernels_in(patch: bytes) -> list[str]:
-    """The kernel files a patch adds (paths under site-packages)."""
-    return [rel for rel in map(_section_path, _sections(patch)[1]) if rel in KERNEL_FILES]
