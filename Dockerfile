@@ -109,7 +109,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG GLMSERVE_VERSION=0.1.0
 # Each line is its own source series (patches/<line>/), so the line names the series too.
 ARG SGLANG_LINE
-ARG PATCH_LOCK_SHA256=135cde797d10f826879053afd8164cbe1c5ae9e33c2f3d01496aeb33ea7e69ee
+ARG PATCH_LOCK_SHA256=d08e10545eefac1b8e60313efbe276f47ce09ceebde83ea258cdf365d5401ce3
 # The preflight also imports the new gather module (torch + Triton, present in the real base).
 # CI's torch-less stand-in base passes --no-import; the static checks still run there.
 ARG PREFLIGHT_ARGS=""

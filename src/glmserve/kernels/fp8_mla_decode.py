@@ -1,11 +1,14 @@
-"""Native FP8 MLA decode attention (added by the glmserve patch series).
+"""Native FP8 MLA attention for decode and speculative batches (added by the glmserve patch series).
 
 FlashInfer's fa2 MLA kernel (SM120's family) reads only 16-bit KV, so with an FP8 KV cache the
 gather-then-cast path (``fp8_kv_gather.py``) first writes a BF16 copy of every row the step
 reads, and FlashInfer then reads that copy: 5 bytes moved per KV element against 2 for a BF16
 pool. This kernel reads the FP8 e4m3 pool itself, 1 byte per element, through the step's
 ``kv_indptr``/``kv_indices`` (the buffers FlashInfer plans with) and writes what
-``decode_wrapper.run`` writes. Decode only: prefill/extend stay on gather-then-cast + FlashInfer.
+``decode_wrapper.run`` writes. It serves decode (one query token per request) and speculative
+batches of a few causal query tokens per request (MTP target verify, draft extend: ``qo_indptr``
+and ``max_q_len``, the (token, head) rows of a request sharing each KV tile); prefill and other
+extends stay on gather-then-cast + FlashInfer.
 
 Design:
   * work balance over the whole step. Every request costs its token count plus a fixed
