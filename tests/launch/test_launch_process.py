@@ -98,9 +98,9 @@ def test_dry_run_on_a_patched_tree_keeps_a_json_arg_intact(patched, tmp_path):
         (["--tp-s", "64"], "--tp-s", "--tp-size"),
         (["--model-pa", "/etc"], "--model-pa", "--model-path"),
         (["--hos=0.0.0.0"], "--hos", "--host"),
-        (["--dist", "10.0.0.1:5000"], "--dist", "--dist-init-addr"),
-        # Not the launcher's, but ambiguous (--disable-cuda-graph, --disable-cuda-graph-padding):
-        # refused with argparse's words, as SGLang would refuse it.
+        # Ambiguous in SGLang's own parser (--dist-init-addr, --dist-timeout; --disable-cuda-graph,
+        # --disable-cuda-graph-padding): refused with argparse's words, as SGLang would refuse it.
+        (["--dist", "10.0.0.1:5000"], "--dist", None),
         (["--disable-cuda"], "--disable-cuda", None),
     ],
 )
