@@ -57,6 +57,17 @@ mkdir -p "$OUT"
 log=$OUT/device.log
 T0=$SECONDS
 step() { echo "=== $(date -u +%H:%M:%S) $*" | tee -a "$log"; }
+# Servers of an earlier call killed at its time limit (same warm machine): stop their process
+# groups by the ids the harness recorded, so ports and GPU memory are free again.
+stop_leftover_servers() {
+  export E2E_PGID_FILE=${E2E_PGID_FILE:-/tmp/e2e-server-pgids}
+  if [ -f "$E2E_PGID_FILE" ]; then
+    while read -r g; do kill -TERM -- "-$g" 2>/dev/null; done <"$E2E_PGID_FILE"
+    sleep "${E2E_KILL_GRACE_S:-5}"
+    while read -r g; do kill -KILL -- "-$g" 2>/dev/null; done <"$E2E_PGID_FILE"
+    rm -f "$E2E_PGID_FILE"
+  fi
+}
 gpu() {  # a command that needs the GPU
   if [ -n "${DEVICE_DRY_RUN:-}" ]; then echo "dry-run: $*"; else "$@"; fi
 }
@@ -178,13 +189,7 @@ accuracy)
       step "no checkpoint written (rc=$rc): the bench cannot run"
     fi
   fi
-  export E2E_PGID_FILE=${E2E_PGID_FILE:-/tmp/e2e-server-pgids}
-  if [ -f "$E2E_PGID_FILE" ]; then
-    while read -r g; do kill -TERM -- "-$g" 2>/dev/null; done <"$E2E_PGID_FILE"
-    sleep "${E2E_KILL_GRACE_S:-5}"
-    while read -r g; do kill -KILL -- "-$g" 2>/dev/null; done <"$E2E_PGID_FILE"
-    rm -f "$E2E_PGID_FILE"
-  fi
+  stop_leftover_servers
   if [ -f "$model/model.safetensors" ] || [ -n "${DEVICE_DRY_RUN:-}" ]; then
     hard=$(( ${ACCURACY_END_S:-500} - (SECONDS - T0) ))
     step "bench/accuracy/accuracy_bench.py (hard stop ${hard} s)"
@@ -209,15 +214,7 @@ e2e | native | fp8-decode | smoke | fleet | lines)
     lines) script=(bench/e2e/lines.py); tee_to=run.log; hard=${E2E_HARD_S:-540} ;;
   esac
   if [ "$job" = e2e ] || [ "$job" = native ] || [ "$job" = fleet ] || [ "$job" = lines ]; then
-    # Servers of an earlier call killed at its time limit (same warm machine): stop their process
-    # groups by the ids the harness recorded, so ports and GPU memory are free again.
-    export E2E_PGID_FILE=${E2E_PGID_FILE:-/tmp/e2e-server-pgids}
-    if [ -f "$E2E_PGID_FILE" ]; then
-      while read -r g; do kill -TERM -- "-$g" 2>/dev/null; done <"$E2E_PGID_FILE"
-      sleep "${E2E_KILL_GRACE_S:-5}"
-      while read -r g; do kill -KILL -- "-$g" 2>/dev/null; done <"$E2E_PGID_FILE"
-      rm -f "$E2E_PGID_FILE"
-    fi
+    stop_leftover_servers
   fi
   step "${script[0]}"
   gpu timeout -s TERM "$hard" python3 "${script[@]}" --out "$OUT" "$@" 2>&1 | tee "$OUT/$tee_to"

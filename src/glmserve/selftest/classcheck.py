@@ -699,33 +699,41 @@ def _case_verify(world: _World, patched: Any, upstream: Any) -> None:
     world.lines.append(f"target verify ({len(reqs)} requests x {k} draft tokens)")
 
 
-def _case_verify_graph(world: _World, patched: Any, upstream: Any) -> None:
-    """Target verify captured in a CUDA graph once, replayed with other lengths after SGLang's
-    replay planning: the native kernel must read each replay's plan, not the captured one."""
+def _replays(
+    world: _World,
+    patched: Any,
+    upstream: Any,
+    cap: Any,
+    qs: list[Any],
+    run: Callable[..., list[Any]],
+    batch_of: Callable[[tuple[int, ...]], Any],
+    replay_lens: tuple[tuple[int, ...], ...],
+    max_tokens: int,
+) -> Iterator[tuple[tuple[int, ...], dict[str, list[Any]]]]:
+    """Capture `run` over the batch `cap` once per backend (a real CUDA graph on the GPU), then
+    for each lengths tuple plan a replay through SGLang's own replay entry and replay it; yields
+    (lengths, {"patched": outputs, "upstream": outputs}). On the CPU the captured batch and
+    buffers run again after the replay plan (the graph's emulation)."""
     torch, geo, parts = world.torch, world.geo, world.parts
     api = parts.api
-    bs = len(geo.verify_lens)
-    reqs = [8 + i for i in range(bs)]
-    qs = _queries(world, bs * geo.draft_tokens)
-    cap = _verify_batch(world, reqs, (geo.capture_len,) * bs)
     captured = {}
     for name, backend in (("patched", patched), ("upstream", upstream)):
-        backend.init_cuda_graph_state(geo.max_reqs, geo.max_reqs * geo.draft_tokens)
+        backend.init_cuda_graph_state(geo.max_reqs, max_tokens)
         _plan(backend, name == "patched", lambda b=backend: api.capture(b, cap))
         api.in_graph(backend, cap)
-        outs = _extend(world, backend, cap, qs, False)  # eager warm-up: compiles, allocates
+        outs = run(world, backend, cap, qs, False)  # eager warm-up: compiles, allocates
         graph = None
         if parts.real_graphs:
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 api.in_graph(backend, cap)
-                outs = _extend(world, backend, cap, qs, False)
+                outs = run(world, backend, cap, qs, False)
         captured[name] = (backend, graph, outs)
-    for lens in geo.verify_replay_lens:
+    for lens in replay_lens:
         results = {}
         for name, (backend, graph, outs) in captured.items():
-            fb = _verify_batch(world, reqs, lens)
+            fb = batch_of(lens)
             _plan(backend, name == "patched", lambda b=backend, f=fb: api.replay(b, f))
             if name == "patched":
                 _poison(world)
@@ -735,62 +743,52 @@ def _case_verify_graph(world: _World, patched: Any, upstream: Any) -> None:
                 graph.replay()
                 torch.cuda.synchronize()
                 results[name] = [o.clone() for o in outs]
-            else:  # CPU: the captured batch and buffers, run again after the replay plan
-                results[name] = _extend(world, backend, cap, qs, name == "patched")
+            else:
+                results[name] = run(world, backend, cap, qs, name == "patched")
+        yield lens, results
+
+
+def _case_verify_graph(world: _World, patched: Any, upstream: Any) -> None:
+    """Target verify captured in a CUDA graph once, replayed with other lengths after SGLang's
+    replay planning: the native kernel must read each replay's plan, not the captured one."""
+    geo = world.geo
+    bs = len(geo.verify_lens)
+    reqs = [8 + i for i in range(bs)]
+    qs = _queries(world, bs * geo.draft_tokens)
+    cap = _verify_batch(world, reqs, (geo.capture_len,) * bs)
+
+    def batch_of(lens: tuple[int, ...]) -> Any:
+        return _verify_batch(world, reqs, lens)
+
+    replays = _replays(world, patched, upstream, cap, qs, _extend, batch_of,
+                       geo.verify_replay_lens, geo.max_reqs * geo.draft_tokens)  # fmt: skip
+    for lens, results in replays:
         _judge_verify(
-            world, f"CUDA-graph target verify with lengths {list(lens)}",
-            _verify_batch(world, reqs, lens), qs, results["patched"], results["upstream"],
+            world, f"CUDA-graph target verify with lengths {list(lens)}", batch_of(lens), qs,
+            results["patched"], results["upstream"],
         )  # fmt: skip
-    how = "captured once" if parts.real_graphs else "emulated (no GPU)"
+    how = "captured once" if world.parts.real_graphs else "emulated (no GPU)"
     world.lines.append(f"CUDA-graph target verify {how}, {len(geo.verify_replay_lens)} replays")
 
 
 def _case_graph(world: _World, patched: Any, upstream: Any) -> None:
     """Capture decode once per backend, replay with other lengths through SGLang's replay plan."""
-    torch, geo, parts = world.torch, world.geo, world.parts
-    api = parts.api
-    bs = len(geo.decode_lens)
-    reqs = list(range(bs))
-    cap = _decode_batch(world, reqs, (geo.capture_len,) * bs)
-    qs = _queries(world, bs)
-    captured = {}
-    for name, backend in (("patched", patched), ("upstream", upstream)):
-        backend.init_cuda_graph_state(geo.max_reqs, geo.max_reqs)
-        _plan(backend, name == "patched", lambda b=backend: api.capture(b, cap))
-        api.in_graph(backend, cap)
-        outs = _decode(world, backend, cap, qs, False)  # eager warm-up: compiles, allocates
-        graph = None
-        if parts.real_graphs:
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                api.in_graph(backend, cap)
-                outs = _decode(world, backend, cap, qs, False)
-        captured[name] = (backend, graph, outs)
-    for lens in geo.replay_lens:
-        fb = _decode_batch(world, reqs, lens)
-        results = {}
-        for name, (backend, graph, outs) in captured.items():
-            _plan(backend, name == "patched", lambda b=backend, f=fb: api.replay(b, f))
-            if name == "patched":
-                _poison(world)
-            if graph is not None:
-                for o in outs:
-                    o.fill_(float("nan"))
-                graph.replay()
-                torch.cuda.synchronize()
-                results[name] = [o.clone() for o in outs]
-            else:  # CPU: the captured batch and buffers, run again after the replay plan
-                results[name] = _decode(world, backend, cap, qs, name == "patched")
+    geo = world.geo
+    reqs = list(range(len(geo.decode_lens)))
+    cap = _decode_batch(world, reqs, (geo.capture_len,) * len(reqs))
+    qs = _queries(world, len(reqs))
+
+    def batch_of(lens: tuple[int, ...]) -> Any:
+        return _decode_batch(world, reqs, lens)
+
+    replays = _replays(world, patched, upstream, cap, qs, _decode, batch_of, geo.replay_lens,
+                       geo.max_reqs)  # fmt: skip
+    for lens, results in replays:
         _judge(
-            world,
-            f"CUDA-graph replay with lengths {list(lens)}",
-            fb,
-            qs,
-            results["patched"],
-            results["upstream"],
-        )
-    how = "captured once" if parts.real_graphs else "emulated (no GPU)"
+            world, f"CUDA-graph replay with lengths {list(lens)}", batch_of(lens), qs,
+            results["patched"], results["upstream"],
+        )  # fmt: skip
+    how = "captured once" if world.parts.real_graphs else "emulated (no GPU)"
     world.lines.append(f"CUDA-graph decode {how}, {len(geo.replay_lens)} fast-plan replays")
 
 

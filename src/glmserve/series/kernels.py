@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import re
 from pathlib import Path
 
 from glmserve.series.errors import PatchError
@@ -23,7 +24,7 @@ KERNEL_FILES = {
     f"{ATTENTION}/fp8_kv_gather.py": "fp8_kv_gather.py",
     f"{ATTENTION}/fp8_mla_decode.py": "fp8_mla_decode.py",
 }
-_DIFF_START = b"diff --git "
+_SECTION = re.compile(rb"^diff --git ", re.MULTILINE)  # a file's section starts a line
 
 
 def kernel_source(rel: str, kernels_dir: Path | None = None) -> bytes:
@@ -53,8 +54,7 @@ def added_file_section(rel: str, content: bytes) -> bytes:
 
 def _sections(patch: bytes) -> tuple[bytes, list[bytes]]:
     """(preamble, one chunk per file) of a git-style patch."""
-    starts = [i for i in range(len(patch)) if patch.startswith(_DIFF_START, i)]
-    starts = [i for i in starts if i == 0 or patch[i - 1 : i] == b"\n"]
+    starts = [m.start() for m in _SECTION.finditer(patch)]
     if not starts:
         return patch, []
     bounds = [*starts, len(patch)]
