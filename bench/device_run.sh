@@ -21,12 +21,11 @@
 #   bash bench/device_run.sh fleet [ARGS]       two replicas behind SGLang's router, our Locust
 #                                               through it: bench/fleet/fleet_bench.py ARGS
 #                                               (BUNDLE=.bundle/fleet.tar.xz: bench/bundle.sh --fleet)
-#   bash bench/device_run.sh accuracy [ARGS]    a model that learned something (issue 31): trains the
-#                                               recall model if bench/models/recall-mla holds no
-#                                               weights (or RECALL_TRAIN=1), then task accuracy and
-#                                               logprob agreement of every KV path through real
-#                                               servers: bench/accuracy/accuracy_bench.py ARGS. The
-#                                               trained checkpoint comes back as recall-mla.tar.
+#   bash bench/device_run.sh accuracy [ARGS]    a model whose answers need the right KV rows (issue
+#                                               31): builds the recall model
+#                                               (bench/accuracy/recall_build.py), then task accuracy,
+#                                               logprob agreement and MTP acceptance of every KV path
+#                                               through real servers: accuracy_bench.py ARGS.
 #   Aliases: bench/e2e/device.sh = e2e, bench/e2e/native_device.sh = native,
 #            bench/fp8_decode_device.sh = fp8-decode.
 #
@@ -168,27 +167,13 @@ kernel | correctness)
   ;;
 accuracy)
   # The whole job ends by ACCURACY_END_S (default 500 s) after its start, inside the 9 minutes
-  # with the JIT cache still to pack: training (if it runs) under its own hard stop, then the
-  # bench under whatever is left. Results are saved after every phase of both.
-  model=bench/models/recall-mla
-  train=$([ ! -f "$model/model.safetensors" ] || [ -n "${RECALL_TRAIN:-}" ] && echo yes || echo no)
-  step "plan (s): setup done at $((SECONDS - T0)); train ${TRAIN_BUDGET_S:-150} + ~30 eval/start ($train);" \
+  # with the JIT cache still to pack: the recall model is built (a second, the same bytes on
+  # every machine), then the bench runs under whatever is left, saving after every phase.
+  model=$WORK/recall-mla
+  step "plan (s): setup done at $((SECONDS - T0)); build the model ~5;" \
     "11 servers start ~75 (warm JIT; cold ~200); 2k/8k/32k contexts ~60; stop ~15;" \
     "everything by ${ACCURACY_END_S:-500}, then logs + JIT cache ~30"
-  if [ "$train" = yes ]; then
-    model=$WORK/recall-mla
-    step "train the recall model (${TRAIN_BUDGET_S:-150} s of steps, hard stop ${TRAIN_HARD_S:-240} s)"
-    gpu timeout -s TERM "${TRAIN_HARD_S:-240}" python3 bench/accuracy/recall_train.py --out "$model" \
-      --budget-s "${TRAIN_BUDGET_S:-150}" 2>&1 | tee "$OUT/train.log"
-    rc=${PIPESTATUS[0]}
-    # The checkpoint comes back in one file, with its training log: commit it to bench/models/.
-    if [ -f "$model/model.safetensors" ]; then
-      mv "$OUT/train.log" "$model/" && tar -cf "$OUT/recall-mla.tar" -C "$WORK" recall-mla \
-        && step "checkpoint packed: recall-mla.tar ($(du -h "$OUT/recall-mla.tar" | cut -f1))"
-    else
-      step "no checkpoint written (rc=$rc): the bench cannot run"
-    fi
-  fi
+  gpu python3 bench/accuracy/recall_build.py --out "$model" 2>&1 | tee "$OUT/build.log"
   stop_leftover_servers
   if [ -f "$model/model.safetensors" ] || [ -n "${DEVICE_DRY_RUN:-}" ]; then
     hard=$(( ${ACCURACY_END_S:-500} - (SECONDS - T0) ))

@@ -538,10 +538,8 @@ class Run:
         except (OSError, subprocess.TimeoutExpired):
             m["device"] = "no GPU"
         with contextlib.suppress(OSError, ValueError):
-            t = json.loads((Path(self.a.model) / "train.json").read_text())
-            m["model_training"] = {
-                k: t.get(k) for k in ("device", "torch", "seed", "steps", "train_s", "eval")
-            }
+            b = json.loads((Path(self.a.model) / "build.json").read_text())
+            m["model_build"] = {k: b.get(k) for k in ("seed", "margins", "check")}
         m["model"] = str(self.a.model)
 
     def shape(self, ctx: int) -> tuple[int, int]:
@@ -680,12 +678,10 @@ def markdown(doc: dict[str, Any]) -> str:
         f"--load-format auto), KV pool {POOL_TOKENS:,}, chunked prefill {CHUNK}, greedy, 8 new tokens, top-{TOP_K} logprobs.",
         "",
     ]
-    if m.get("model_training"):
-        t = m["model_training"]
-        lines += [f"Training: {t.get('device')}, torch {t.get('torch')}, seed {t.get('seed')}, "
-                  f"{t.get('steps')} steps in {t.get('train_s')} s; torch reference (teacher-forced "
-                  "exact match on these prompts): " + ", ".join(
-                      f"{c} {r.get('accuracy', 0):.3f}" for c, r in (t.get("eval") or {}).items()), ""]  # fmt: skip
+    if m.get("model_build"):
+        b = m["model_build"]
+        lines += [f"Model built by bench/accuracy/recall_build.py, seed {b.get('seed')}; its margins "
+                  f"(logits): {b.get('margins')}", ""]  # fmt: skip
     res = doc.get("results", {})
     ctxs = sorted({int(c) for r in res.values() for c in r}, key=int)
     head = (
@@ -766,7 +762,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if bad:
         p.error(f"--contexts takes {', '.join(map(str, CONTEXTS))}")
     if not (Path(a.model) / "model.safetensors").is_file():
-        p.error(f"no checkpoint in {a.model} (train one: bench/accuracy/recall_train.py)")
+        p.error(f"no checkpoint in {a.model} (build one: bench/accuracy/recall_build.py)")
     if not a.emulator and not a.site:
         import importlib.util
 

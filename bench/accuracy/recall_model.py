@@ -1,6 +1,6 @@
 """The recall model in plain torch: a DeepSeek-V3 MLA decoder (what SGLang's DeepseekV3ForCausalLM
-serves) plus its NextN (MTP) layer, with the checkpoint's own parameter names, so training,
-export, the CPU checks and the SGLang servers all see one set of weights.
+serves) plus its NextN (MTP) layer, with the checkpoint's own parameter names, so the builder
+(recall_build.py), export, the CPU checks and the SGLang servers all see one set of weights.
 
 Shapes: the attention geometry the patch serves is fixed (kv_lora_rank 512, qk_rope_head_dim 64,
 and qk_nope = v = 128: FlashInfer's SM90 ragged prefill, which SGLang's flashinfer MLA backend
@@ -19,7 +19,7 @@ What SGLang does, mirrored here (sglang/srt/models/deepseek_v2.py, deepseek_next
   * NextN at position t: eh_proj(cat(enorm(embed(x[t+1])), hnorm(h[t]))) -> decoder -> shared_head.norm
     -> the target's lm_head predicts x[t+2]; h is the target's hidden after its final norm (what
     the logits processor hands the EAGLE draft). Chained draft steps feed the draft's own normed
-    output back as h: `chain` trains that too, with the draft KV cache SGLang keeps (the target-fed
+    output back as h: `chain` runs that too, with the draft KV cache SGLang keeps (the target-fed
     rows up to the chain's start, then one row per draft step).
 """
 
@@ -305,7 +305,9 @@ class RecallModel(nn.Module):
         """(logits at positions >= logits_from, hidden after the final norm, embeddings).
         miswire (CPU checks of the scorer):
         'previous_layer': each layer after the first attends over the previous layer's rows;
-        'shifted_rows': every layer reads the row before the one it should (row 0 repeated)."""
+        'shifted_rows': every layer reads the latent (c_kv) of the row before the one it should
+        (row 0 repeated) beside the right row's k_pe, as a kernel that addresses the two parts
+        of a row separately could; a whole-row shift would carry its rope positions along."""
         pos = torch.arange(ids.shape[1], device=ids.device)
         emb = self.embed_tokens(ids)
         x, prev = emb, None
@@ -315,7 +317,8 @@ class RecallModel(nn.Module):
                 rows_from = prev
             elif miswire == "shifted_rows":
                 own = layer.self_attn.cache_rows(layer.input_layernorm(x), pos, fp8)
-                rows_from = torch.cat([own[:, :1], own[:, :-1]], dim=1)
+                shifted = torch.cat([own[:, :1], own[:, :-1]], dim=1)
+                rows_from = torch.cat([shifted[..., :KV_LORA], own[..., KV_LORA:]], dim=-1)
             x, prev = layer(x, pos, fp8, rows_from)
         h = self.norm(x)
         return self.lm_head(h[:, logits_from:]), h, emb

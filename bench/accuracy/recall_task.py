@@ -4,14 +4,15 @@ torch; bench/accuracy/recall_train.py draws training batches of the same layout 
 
     <s> ... k417 a3 b30 c7 d12 e0 f21 g9 h5 z17 z2 ... k88 a19 b4 ... Q k417  =>  a3 b30 c7 d12 e0 f21 g9 h5
 
-Every record is one key token (1,024 of them, unique within a prompt) and VALUE_LEN value
-tokens, slot s drawn from its own 32-symbol alphabet (letters a..h); filler tokens sit between
-records. The prompt ends with `Q key`; the answer is that key's value. Every answer token needs
-the right earlier rows: the first the record's position after its key, each later one the same
-record at the next slot. A model that reads wrong KV rows (another layer's pool, shifted
-offsets, a stale page table) answers with another record's tokens, so exact-match accuracy
-falls; a random guess scores 32**-8. The answer is deterministic, so the NextN (MTP) draft head
-can predict it too, which is what gives a meaningful acceptance length.
+Every record is one key token (1,024 of them) and VALUE_LEN value tokens, slot s drawn from its
+own 512-symbol alphabet (letters a..h); keys and each slot's symbols are unique within a prompt,
+so every token of an answer occurs once in the haystack and is found by what follows its
+predecessor there. Filler tokens sit between records. The prompt ends with `Q key`; the answer
+is that key's value. Every answer token needs the right earlier rows: the first the row after
+the key, each later one the row after the previous answer token. A model that reads wrong KV
+rows (another layer's pool, shifted offsets, a stale page table) answers with other tokens, so
+exact-match accuracy falls; a random guess scores 512**-8. The answer is deterministic, so the
+NextN (MTP) draft head can predict it too, which is what gives a meaningful acceptance length.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ BOS = 1
 QUERY, END = "Q", ";"
 N_KEYS = 1024
 VALUE_LEN = 8
-SYMBOLS = 32
+SYMBOLS = 512
 N_FILLERS = 64
 SLOT_LETTERS = "abcdefgh"
 assert len(SLOT_LETTERS) == VALUE_LEN
@@ -41,7 +42,7 @@ def tokens() -> list[str]:
     return out
 
 
-VOCAB_SIZE = len(tokens())  # 1,350
+VOCAB_SIZE = len(tokens())  # 5,190
 QUERY_ID = len(SPECIAL)
 END_ID = QUERY_ID + 1
 KEY0 = END_ID + 1
@@ -130,10 +131,13 @@ class Haystack:
         return [*self.ids, QUERY_ID, key]
 
 
+MAX_RECORDS = 500  # unique symbols per slot (512) bound it
+
+
 def records_for(context: int) -> int:
-    """How many records a bench context of `context` tokens holds: 70 % of it, at most 1,000
-    (keys are unique, so longer contexts get more filler instead)."""
-    return max(4, min(1000, int(0.7 * context) // (VALUE_LEN + 1)))
+    """How many records a bench context of `context` tokens holds: 70 % of it, at most
+    MAX_RECORDS (longer contexts get more filler instead)."""
+    return max(4, min(MAX_RECORDS, int(0.7 * context) // (VALUE_LEN + 1)))
 
 
 def haystack(rng: random.Random, length: int, n_records: int) -> Haystack:
@@ -141,10 +145,13 @@ def haystack(rng: random.Random, length: int, n_records: int) -> Haystack:
     the rest filler tokens, spread in random gaps."""
     body = length - 1
     fillers = body - n_records * (VALUE_LEN + 1)
-    if n_records < 1 or n_records > N_KEYS or fillers < 0:
+    if n_records < 1 or n_records > min(N_KEYS, SYMBOLS) or fillers < 0:
         raise ValueError(f"{n_records} records do not fit {length} tokens")
     keys = [KEY0 + k for k in rng.sample(range(N_KEYS), n_records)]
-    values = {k: tuple(value_id(s, rng.randrange(SYMBOLS)) for s in range(VALUE_LEN)) for k in keys}
+    symbols = [rng.sample(range(SYMBOLS), n_records) for _ in range(VALUE_LEN)]  # unique per slot
+    values = {
+        k: tuple(value_id(s, symbols[s][r]) for s in range(VALUE_LEN)) for r, k in enumerate(keys)
+    }
     items: list[int | None] = [*keys, *([None] * fillers)]  # None: one filler token
     rng.shuffle(items)
     ids = [BOS]

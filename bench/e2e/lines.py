@@ -341,8 +341,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--profiles-dir", default=str(REPO / "deploy" / "profiles"))
     p.add_argument("--ready-budget-s", type=float, default=240.0)
     p.add_argument("--greedy-tokens", type=int, default=32, help="(unused: kept for old commands)")
-    p.add_argument("--recall-model", default=str(REPO / "bench" / "models" / "recall-mla"),
-                   help="the recall checkpoint for the agreement check")  # fmt: skip
+    p.add_argument("--recall-model", default="/tmp/glmserve-recall/recall-mla",
+                   help="the recall checkpoint for the agreement check (built there if absent)")  # fmt: skip
     p.add_argument("--recall-work", default="/tmp/glmserve-recall", help="its 16-head copy")
     p.add_argument("--tokens", type=int, default=128, help="output tokens per timed stream")
     p.add_argument("--reps", type=int, default=3)

@@ -17,8 +17,8 @@ Measured, round robin so that every ratio comes from interleaved samples of one 
     dummy weights' outputs do not): beside the four timing servers, one recall-model server
     per path (bench/accuracy, 2 layers, same switches) answers the recall task at 2k and 8k
     context (chunked prefill, radix hits, 16 concurrent requests); accuracy, outputs identical
-    to upstream's, top-5 KL against upstream. Skipped, and said so, without the committed
-    checkpoint bench/models/recall-mla (bash bench/device_run.sh accuracy trains it);
+    to upstream's, top-5 KL against upstream (the model is built by
+    bench/accuracy/recall_build.py where --recall-model points, if it holds none);
   * TPOT of one stream after a 128-token prompt and after a 6,000-token prompt, of 16
     concurrent streams with their output tok/s, and of 64 concurrent streams after 2,048-token
     prompts: whole-stream TPOT, steady-decode TPOT (the second half of each stream, once the
@@ -36,6 +36,7 @@ import os
 import random
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -189,14 +190,19 @@ def start_recall(
     env: dict[str, str] | None = None, port_base: int = RECALL_PORT_BASE, prefix: str = "recall-",
 ) -> ab.RecallCheck | None:  # fmt: skip
     """One recall-model server per path (same switches), started beside the timing servers;
-    None (and a note) without the committed checkpoint."""
+    the model is built where --recall-model points if it holds none (a second on the CPU);
+    None (and a note) if that fails."""
     model = Path(a.recall_model)
     if not (model / "model.safetensors").is_file():
-        doc["notes"].append(
-            f"no agreement check: {model} holds no checkpoint (bash bench/device_run.sh accuracy "
-            "trains one); the dummy-weight servers' outputs do not depend on attention"
-        )
-        return None
+        built = subprocess.run(
+            [sys.executable, str(REPO / "bench" / "accuracy" / "recall_build.py"), "--out", str(model)],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        if built.returncode:
+            doc["notes"].append(
+                f"no agreement check: building the recall model failed: {built.stderr[-300:]}"
+            )
+            return None
     check = ab.RecallCheck(
         ab.recall_variants(paths, backend), model=model, work=Path(a.recall_work) / prefix,
         out=out, emulator=a.emulator, port_base=port_base, reference="upstream",
@@ -520,8 +526,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--profiles-dir", default=str(REPO / "deploy" / "profiles"))
     p.add_argument("--ready-budget-s", type=float, default=330.0)
     p.add_argument("--greedy-tokens", type=int, default=32, help="(unused: kept for old commands)")
-    p.add_argument("--recall-model", default=str(REPO / "bench" / "models" / "recall-mla"),
-                   help="the recall checkpoint for the agreement check")  # fmt: skip
+    p.add_argument("--recall-model", default="/tmp/glmserve-recall/recall-mla",
+                   help="the recall checkpoint for the agreement check (built there if absent)")  # fmt: skip
     p.add_argument("--recall-work", default="/tmp/glmserve-recall", help="its 16-head copy")
     p.add_argument("--tokens", type=int, default=128, help="output tokens per timed stream")
     p.add_argument("--reps", type=int, default=5)

@@ -12,10 +12,10 @@ import recall_task as task  # bench/accuracy (pytest's pythonpath)
 
 def test_vocabulary_ids_and_the_tokenizer_agree() -> None:
     vocab = task.tokens()
-    assert len(vocab) == len(set(vocab)) == task.VOCAB_SIZE == 1350
+    assert len(vocab) == len(set(vocab)) == task.VOCAB_SIZE == 5190
     assert vocab[task.QUERY_ID] == "Q" and vocab[task.END_ID] == ";"
     assert vocab[task.KEY0] == "k0" and vocab[task.VALUE0] == "a0" and vocab[task.FILLER0] == "z0"
-    assert vocab[task.value_id(7, 31)] == "h31"
+    assert vocab[task.value_id(7, 511)] == "h511"
     tj = task.tokenizer_json()
     assert tj["model"]["type"] == "WordLevel"
     assert tj["model"]["vocab"] == {tok: i for i, tok in enumerate(vocab)}
@@ -42,6 +42,11 @@ def test_haystack_layout() -> None:
             assert slots == list(range(task.VALUE_LEN))
     fillers = sum(task.FILLER0 <= t < task.VOCAB_SIZE for t in ids)
     assert fillers == 999 - 60 * (task.VALUE_LEN + 1)
+    # every key and value token once: what follows an answer token's one occurrence is the next
+    not_filler = [t for t in ids[1:] if t < task.FILLER0]
+    assert len(not_filler) == len(set(not_filler)) == 60 * (task.VALUE_LEN + 1)
+    with pytest.raises(ValueError, match="do not fit"):
+        task.haystack(random.Random(0), 100_000, task.SYMBOLS + 1)  # a slot's symbols run out
     with pytest.raises(ValueError, match="do not fit"):
         task.haystack(random.Random(0), 100, 20)
 
@@ -55,14 +60,14 @@ def test_bench_sets_are_deterministic_and_pinned() -> None:
     assert len(queries) == 16 and len({(q.haystack, q.key) for q in queries}) == 16
     for q in queries:
         assert stacks[q.haystack].values[q.key] == q.answer
-    assert task.records_for(2048) == 159 and task.records_for(32768) == 1000
+    assert task.records_for(2048) == 159 and task.records_for(32768) == task.MAX_RECORDS == 500
     # Results of different runs compare only if the prompts stay the same.
     digest = hashlib.sha256(repr(a).encode()).hexdigest()[:16]
     assert digest == PINNED_DIGEST, digest
     assert task.bench_set(2, 2048, 2, 8) != a
 
 
-PINNED_DIGEST = "09ceeba2a9050bcc"
+PINNED_DIGEST = "0f169f808712595b"
 
 
 def test_score_is_exact_match_on_the_first_value_tokens() -> None:

@@ -306,28 +306,16 @@ def test_verify_job_times_the_verify_pass_then_runs_the_gpu_tests_and_the_bench(
     assert commands[2].startswith("timeout -s TERM 200 python3 -m pytest")
 
 
-RECALL_MODEL = REPO / "bench" / "models" / "recall-mla" / "model.safetensors"
-
-
-@pytest.mark.parametrize("force_train", [True, False])
-def test_accuracy_job_trains_when_asked_or_without_weights_then_runs_the_bench(
-    tmp_path, bundle, force_train
-):
-    env = {"RECALL_TRAIN": "1"} if force_train else {}
-    proc = device_run(tmp_path, bundle, "accuracy", "--contexts", "2048", **env)
+def test_accuracy_job_builds_the_model_then_runs_the_bench(tmp_path, bundle):
+    proc = device_run(tmp_path, bundle, "accuracy", "--contexts", "2048")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     log = (tmp_path / "out" / "device.log").read_text()
     assert "job accuracy" in log and f"applied series {PINNED}" in log
     dry = [line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("dry-run: ")]
-    trains = force_train or not RECALL_MODEL.is_file()
     work = tmp_path / "work"
-    model = str(work / "recall-mla") if trains else "bench/models/recall-mla"
-    runs = [d for d in dry if d[0] == "timeout"]
-    if trains:
-        assert runs[0] == ["timeout", "-s", "TERM", "240", "python3", "bench/accuracy/recall_train.py",
-                           "--out", model, "--budget-s", "150"]  # fmt: skip
-        assert "the bench cannot run" in log  # a dry run writes no checkpoint
-    bench = runs[-1]
+    model = str(work / "recall-mla")
+    assert ["python3", "bench/accuracy/recall_build.py", "--out", model] in dry
+    bench = [d for d in dry if d[0] == "timeout"][-1]
     assert bench[:3] == ["timeout", "-s", "TERM"] and 400 <= int(bench[3]) <= 500
     assert bench[4:] == [
         "python3", "bench/accuracy/accuracy_bench.py", "--out", str(tmp_path / "out"),
