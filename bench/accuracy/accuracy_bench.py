@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Task accuracy and logprob agreement of every FP8 KV path, through real SGLang servers that run
-a model which learned something (the recall model, bench/accuracy/recall_model.py).
+a model whose answers need the right KV rows (the recall model: bench/accuracy/recall_build.py).
 
     python bench/accuracy/accuracy_bench.py --out DIR --model M --site SITE   # lab GPU (device_run.sh accuracy)
     python bench/accuracy/accuracy_bench.py --out DIR --model M --emulator    # the client logic, no GPU

@@ -1,6 +1,6 @@
 """The recall task: a haystack of key -> multi-token value records, then a query; its vocabulary,
 its tokenizer, and the scorer. Stdlib only (the bench client and the CI tests import it without
-torch; bench/accuracy/recall_train.py draws training batches of the same layout on the GPU).
+torch).
 
     <s> ... k417 a3 b30 c7 d12 e0 f21 g9 h5 z17 z2 ... k88 a19 b4 ... Q k417  =>  a3 b30 c7 d12 e0 f21 g9 h5
 

@@ -85,16 +85,18 @@ def test_native_e2e_mtp_mode_pairs_each_fp8_path_with_its_bf16_twin(tmp_path):
     assert len(bars) == 12
 
 
-def test_native_e2e_says_so_without_a_recall_checkpoint(tmp_path):
+def test_native_e2e_builds_the_recall_model_where_none_is(tmp_path):
+    model = tmp_path / "absent" / "recall-mla"
     proc = subprocess.run(
         [
             sys.executable, str(REPO / "bench" / "e2e" / "native.py"), "--out", str(tmp_path),
             "--emulator", "--reps", "1", "--long-reps", "0", "--conc-reps", "0", "--loaded-reps", "0",
-            "--tokens", "4", "--ready-budget-s", "60", "--recall-model", str(tmp_path / "absent"),
+            "--tokens", "4", "--ready-budget-s", "60", "--recall-model", str(model),
+            "--recall-work", str(tmp_path / "work"),
         ],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     doc = json.loads((tmp_path / "native-e2e.json").read_text())
-    assert doc["greedy"] == {}
-    assert any("no agreement check" in n for n in doc["notes"])
+    assert (model / "model.safetensors").is_file() and (model / "build.json").is_file()
+    assert doc["recall_servers"] and doc["greedy"], doc["notes"]

@@ -7,7 +7,7 @@ The model is a plain-MLA DeepseekV3 shrunk to smoke-test size, with the attentio
 GLM-5 that the FP8 KV pool depends on (kv_lora_rank 512 + qk_rope_head_dim 64 = 576 per token, 16
 heads per GPU as GLM-5's 64 heads at TP4..8 give). It has no weights: SGLang runs it with
 `--load-format dummy`, so it is for timing only (its outputs do not depend on attention; a
-model that learned something, for accuracy and agreement: bench/accuracy, docs/accuracy.md). The tokenizer is a Hugging Face `tokenizers` WordLevel model written with
+model whose answers need attention, for accuracy and agreement: bench/accuracy, docs/accuracy.md). The tokenizer is a Hugging Face `tokenizers` WordLevel model written with
 the stdlib json module (the project venv has no `tokenizers`); every one of the 32000 ids decodes
 to a word, so random dummy-weight output always streams visible text.
 
