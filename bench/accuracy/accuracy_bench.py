@@ -16,8 +16,9 @@ started together, measured interleaved; self-test skipped, the decode path pinne
   *-8h        the same model with 8 heads (GLM-5 per rank at TP8; the native kernel's <= 8-head
               tile form); the 16-head servers run its exact widening (16-head tile form)
   *-mtp       MTP on: the NextN layer as EAGLE draft, 3 steps, top-1, 4 draft tokens
-  miswired    native decode reading the previous layer's pool (miswire-native-previous-layer.diff
-              applied to a copy of the patched tree): the check must fail it (< 50 %)
+  miswired    native decode reading each row's rope part one block early
+              (miswire-native-rope-offset.diff applied to a copy of the patched tree: a slip
+              the launcher's preflight cannot see): the check must fail it (< 50 %)
 
 Workload per context length (2k, 8k, 32k tokens): haystacks of key -> value records
 (recall_task.bench_set, seeded), each asked about many keys. Per haystack, every server gets the
@@ -63,7 +64,7 @@ import recall_task as task  # noqa: E402
 from glmserve import sglang_api  # noqa: E402
 from glmserve.serverproc import ServerProcess, free_port, stop_all  # noqa: E402
 
-MISWIRE_DIFF = HERE / "miswire-native-previous-layer.diff"
+MISWIRE_DIFF = HERE / "miswire-native-rope-offset.diff"
 PORT_BASE = 31200
 TOP_K = 5
 CONCURRENCY = 16
@@ -99,8 +100,8 @@ VARIANTS: dict[str, Variant] = {
     "gather-8h": Variant("FP8 KV, gather-then-cast, 8 heads", heads=8, attention="gather"),
     "native-8h": Variant("FP8 KV, native FP8 decode, 8 heads", heads=8),
     "bf16-mtp": Variant("BF16 KV, MTP (EAGLE 3 steps)", kv="bf16", mtp=True),
-    "native-mtp": Variant("FP8 KV, native, MTP (verify and draft gather)", mtp=True),
-    "miswired": Variant("FP8 KV, native reading the previous layer's pool", miswired=True),
+    "native-mtp": Variant("FP8 KV, native, MTP (verify and draft native too)", mtp=True),
+    "miswired": Variant("FP8 KV, native reading k_pe one block early", miswired=True),
 }
 REFERENCE = "bf16"
 # name -> (haystacks, queries per haystack)
@@ -185,7 +186,12 @@ def server_env(v: Variant, build_info: Path, miswired_site: Path | None) -> dict
 
 def prepare_miswired_site(site: Path, dest: Path, diff: Path = MISWIRE_DIFF) -> Path:
     """A copy of the patched `sglang` package (and its dist-info) with the miswiring applied by
-    the strict unified-diff applier; raises PatchError if the diff no longer fits the tree."""
+    the strict unified-diff applier; raises PatchError if the diff no longer fits the tree.
+    The copy's patch marker records the miswired bytes, as it would for a bug shipped inside
+    the series: the launcher's preflight (file hashes, wiring rules) then judges the tree, and
+    what a preflight cannot see is what this server exists to show."""
+    from glmserve.series import read_marker
+    from glmserve.series.lock import MARKER_REL, sha256_bytes
     from glmserve.series.udiff import apply_file_patch, parse_patch
 
     if dest.exists():
@@ -200,6 +206,10 @@ def prepare_miswired_site(site: Path, dest: Path, diff: Path = MISWIRE_DIFF) -> 
         new = apply_file_patch(target.read_bytes(), fp, diff.name)
         assert new is not None
         target.write_bytes(new)
+        marker = read_marker(dest)
+        if marker is not None and fp.path in marker.get("files", {}):
+            marker["files"][fp.path]["after"] = sha256_bytes(new)
+            (dest / MARKER_REL).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
     return dest
 
 

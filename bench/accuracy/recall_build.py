@@ -56,7 +56,7 @@ KAPPA = 16.0  # |k_pe| per rope pair of the previous-token head (inside FP8's no
 PREV_FREQS = 12  # the fastest rope frequencies the previous-token head uses
 PREV_SHARPNESS = 12.0  # softmax logits per unit of its positional score
 MATCH = 1.5  # induction softmax logits per agreeing code dim (a full match: 78)
-READOUT = 40.0  # the retrieved token's logit
+READOUT = 20.0  # the retrieved token's logit (peaked, yet other logprobs stay comparable)
 
 SHAPE = rm.Shape(hidden_size=HIDDEN, intermediate_size=32, moe_intermediate_size=16)
 

@@ -12,13 +12,13 @@ import accuracy_bench as ab  # bench/accuracy (pytest's pythonpath)
 import pytest
 import recall_task as task
 
+from glmserve.preflight.verify import preflight
 from glmserve.series.detect import detect_version
 from glmserve.series.errors import PatchError
 from glmserve.series.lock import load_lock
 
 REPO = Path(__file__).resolve().parents[2]
 PINNED = "0.5.12.post1"
-BACKEND = "sglang/srt/layers/attention/flashinfer_mla_backend.py"
 
 
 def test_request_body_is_sglangs_generate_with_greedy_top_k_logprobs() -> None:
@@ -78,29 +78,45 @@ def test_bars() -> None:
     assert "miswired accuracy < 0.5 at 8192 (the check can fail)" not in got
 
 
+NATIVE = "sglang/srt/layers/attention/fp8_mla_decode.py"
+
+
 def test_the_miswired_tree_is_the_patched_one_plus_the_diff(patched_tree, tmp_path) -> None:
     site = patched_tree(PINNED)
     dest = ab.prepare_miswired_site(site, tmp_path / "mis")
-    before = (site / BACKEND).read_text()
-    after = (dest / BACKEND).read_text()
-    assert "get_key_buffer(layer.layer_id - 1)" in after and "layer.layer_id - 1" not in before
+    before = (site / NATIVE).read_text()
+    after = (dest / NATIVE).read_text()
+    assert "tl.load(row + 3 * D_BLK + cols, mask=rope_mask" in after
+    assert "tl.load(row + 3 * D_BLK + cols, mask=rope_mask" not in before
     assert sum(a != b for a, b in zip(before.splitlines(), after.splitlines(), strict=True)) == 1
     assert detect_version(dest) == PINNED  # the launcher finds the same SGLang there
-    assert (dest / "sglang" / ".glmserve-patch.json").is_file()  # and its patch marker
+    # the copy's marker records the miswired bytes, as for a bug shipped in the series: the
+    # launcher's preflight passes the tree, so only the answers can tell
+    assert preflight(dest, import_gather=False) == []
     # every other file of the series is the patched tree's
     lock, _ = load_lock(REPO / "patches")
     for rel in lock["series"][PINNED]["files"]:
-        if rel != BACKEND:
+        if rel != NATIVE:
             assert (dest / rel).read_bytes() == (site / rel).read_bytes()
     # a diff that no longer fits the tree is refused, not fuzzed in
     stale = tmp_path / "stale.diff"
-    stale.write_text(
-        ab.MISWIRE_DIFF.read_text().replace(
-            "                 q_rope,\n", "                 q_pe,\n", 1
-        )
-    )
+    stale.write_text(ab.MISWIRE_DIFF.read_text().replace("rope_mask = mask", "rope_mask = live", 1))
     with pytest.raises(PatchError):
         ab.prepare_miswired_site(site, tmp_path / "mis2", stale)
+
+
+def test_the_preflight_already_refuses_a_native_decode_on_another_layers_pool(
+    patched_tree, tmp_path
+) -> None:
+    """The first miswiring the bench tried: the launcher refused to start it (its wiring rule
+    compares the pool the native kernel reads with the one upstream casts)."""
+    site = patched_tree(PINNED)
+    dest = ab.prepare_miswired_site(
+        site, tmp_path / "mis", ab.HERE / "miswire-native-previous-layer.diff"
+    )
+    problems = preflight(dest, import_gather=False)
+    assert len(problems) == 1 and "[native-decode]" in problems[0], problems
+    assert "get_key_buffer(layer.layer_id - 1)" in problems[0]
 
 
 @pytest.mark.slow

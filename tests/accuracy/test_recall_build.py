@@ -34,7 +34,7 @@ def test_the_circuit_keeps_its_margins() -> None:
     m = rb.margins(31)
     # softmax logits between the wanted row and the best other one, at every distance to 64k
     assert m["previous_token_gap_logits"] >= 10, m
-    assert m["induction_gap_logits"] >= 10 and m["readout_gap_logits"] >= 8, m
+    assert m["induction_gap_logits"] >= 10 and m["readout_gap_logits"] >= 5, m
     assert rb.HIDDEN >= 1 + 3 * rb.CODE
 
 
