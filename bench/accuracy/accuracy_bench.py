@@ -16,8 +16,8 @@ started together, measured interleaved; self-test skipped, the decode path pinne
   *-8h        the same model with 8 heads (GLM-5 per rank at TP8; the native kernel's <= 8-head
               tile form); the 16-head servers run its exact widening (16-head tile form)
   *-mtp       MTP on: the NextN layer as EAGLE draft, 3 steps, top-1, 4 draft tokens
-  miswired    native decode reading each row's rope part one block early
-              (miswire-native-rope-offset.diff applied to a copy of the patched tree: a slip
+  miswired    native decode loading each row's first latent block from the second
+              (miswire-native-latent-block.diff applied to a copy of the patched tree: a slip
               the launcher's preflight cannot see): the check must fail it (< 50 %)
 
 Workload per context length (2k, 8k, 32k tokens): haystacks of key -> value records
@@ -64,7 +64,7 @@ import recall_task as task  # noqa: E402
 from glmserve import sglang_api  # noqa: E402
 from glmserve.serverproc import ServerProcess, free_port, stop_all  # noqa: E402
 
-MISWIRE_DIFF = HERE / "miswire-native-rope-offset.diff"
+MISWIRE_DIFF = HERE / "miswire-native-latent-block.diff"
 PORT_BASE = 31200
 TOP_K = 5
 CONCURRENCY = 16
@@ -101,7 +101,7 @@ VARIANTS: dict[str, Variant] = {
     "native-8h": Variant("FP8 KV, native FP8 decode, 8 heads", heads=8),
     "bf16-mtp": Variant("BF16 KV, MTP (EAGLE 3 steps)", kv="bf16", mtp=True),
     "native-mtp": Variant("FP8 KV, native, MTP (verify and draft native too)", mtp=True),
-    "miswired": Variant("FP8 KV, native reading k_pe one block early", miswired=True),
+    "miswired": Variant("FP8 KV, native loading latent block 1 as block 0", miswired=True),
 }
 REFERENCE = "bf16"
 # name -> (haystacks, queries per haystack)
@@ -430,6 +430,13 @@ class RecallCheck:
                                 mine.chosen,
                             )
                     r["vs_reference"] = agree.as_dict() if agree.outputs else None
+                    # Each divergent answer, to look at (a near tie, or one request of a batch).
+                    r["divergent"] = [
+                        {"haystack": q.haystack, "key": q.key, "answer": list(q.answer),
+                         "ref": t.ids, "got": m.ids, "ref_top": t.top[:4], "got_top": m.top[:4]}
+                        for q, m, t in zip(qs, outs, ref, strict=True)
+                        if m.ids != t.ids and not m.error
+                    ][:8]  # fmt: skip
                 up = self.outcomes.get("upstream", {}).get(ctx)
                 if up is not None and name != "upstream":
                     r["identical_to_upstream"] = sum(

@@ -86,8 +86,8 @@ def test_the_miswired_tree_is_the_patched_one_plus_the_diff(patched_tree, tmp_pa
     dest = ab.prepare_miswired_site(site, tmp_path / "mis")
     before = (site / NATIVE).read_text()
     after = (dest / NATIVE).read_text()
-    assert "tl.load(row + 3 * D_BLK + cols, mask=rope_mask" in after
-    assert "tl.load(row + 3 * D_BLK + cols, mask=rope_mask" not in before
+    slip = "k0 = _e4m3_to_f16(tl.load(row + D_BLK + cols, mask=mask"
+    assert slip in after and slip not in before
     assert sum(a != b for a, b in zip(before.splitlines(), after.splitlines(), strict=True)) == 1
     assert detect_version(dest) == PINNED  # the launcher finds the same SGLang there
     # the copy's marker records the miswired bytes, as for a bug shipped in the series: the
@@ -100,7 +100,7 @@ def test_the_miswired_tree_is_the_patched_one_plus_the_diff(patched_tree, tmp_pa
             assert (dest / rel).read_bytes() == (site / rel).read_bytes()
     # a diff that no longer fits the tree is refused, not fuzzed in
     stale = tmp_path / "stale.diff"
-    stale.write_text(ab.MISWIRE_DIFF.read_text().replace("rope_mask = mask", "rope_mask = live", 1))
+    stale.write_text(ab.MISWIRE_DIFF.read_text().replace("mask = (live & valid)", "mask = live", 1))
     with pytest.raises(PatchError):
         ab.prepare_miswired_site(site, tmp_path / "mis2", stale)
 
