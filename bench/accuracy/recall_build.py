@@ -140,13 +140,14 @@ def margins(seed: int) -> dict:
     theta = rope_freqs()[:PREV_FREQS]
     dist = torch.arange(65536, dtype=torch.float64)
     score = torch.cos((dist[:, None] - 1) * theta).sum(1)
+    gap = float(score[1] - torch.cat([score[:1], score[2:]]).max())
     code = codes(seed)
     gram = code @ code.T
     gram.fill_diagonal_(-CODE)
     nearest = int(gram.max())
     return {
-        "previous_token_gap": round(float(score[1] - torch.cat([score[:1], score[2:]]).max()), 4),
-        "previous_token_gap_logits": round(PREV_SHARPNESS * float(score[1] - torch.cat([score[:1], score[2:]]).max()), 2),
+        "previous_token_gap": round(gap, 4),
+        "previous_token_gap_logits": round(PREV_SHARPNESS * gap, 2),
         "nearest_code_dot": nearest,
         "induction_gap_logits": MATCH * (CODE - nearest),
         "readout_gap_logits": round(READOUT * (CODE - nearest) / CODE, 2),
