@@ -191,6 +191,7 @@ def prepare_miswired_site(site: Path, dest: Path, diff: Path = MISWIRE_DIFF) -> 
     the series: the launcher's preflight (file hashes, wiring rules) then judges the tree, and
     what a preflight cannot see is what this server exists to show."""
     from glmserve.series import read_marker
+    from glmserve.series.engine import marker_bytes
     from glmserve.series.lock import MARKER_REL, sha256_bytes
     from glmserve.series.udiff import apply_file_patch, parse_patch
 
@@ -209,7 +210,7 @@ def prepare_miswired_site(site: Path, dest: Path, diff: Path = MISWIRE_DIFF) -> 
         marker = read_marker(dest)
         if marker is not None and fp.path in marker.get("files", {}):
             marker["files"][fp.path]["after"] = sha256_bytes(new)
-            (dest / MARKER_REL).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
+            (dest / MARKER_REL).write_bytes(marker_bytes(marker))
     return dest
 
 

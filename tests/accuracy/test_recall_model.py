@@ -149,7 +149,7 @@ def _absorbed_decode(layer: rm.Layer, x: torch.Tensor, fp8: bool) -> torch.Tenso
 
 
 @pytest.mark.parametrize("fp8", [False, True])
-def test_the_absorbed_decode_sglang_serves_equals_the_trained_mha_form(fp8: bool) -> None:
+def test_the_absorbed_decode_sglang_serves_equals_the_models_mha_form(fp8: bool) -> None:
     m = _model(rm.Shape(hidden_size=32, intermediate_size=32, heads=8, moe_intermediate_size=16))
     layer = m.layers[0]
     x = m.embed_tokens(_ids())
