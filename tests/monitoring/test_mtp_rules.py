@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shutil
 
+import pytest
 import yaml
 from test_prometheus_rules import PROM_DIR, promtool
 from test_slo import rules
@@ -36,14 +37,16 @@ def test_the_recording_rules_read_the_exporters_gauges() -> None:
     )
 
 
-def test_the_unit_tests_catch_a_moved_floor(promtool_binary, tmp_path) -> None:
+@pytest.mark.parametrize("moved_to", ["1.2", "1.8"])
+def test_the_unit_tests_catch_a_moved_floor(promtool_binary, tmp_path, moved_to) -> None:
     shutil.copytree(PROM_DIR, tmp_path / "prometheus")
     alerts = tmp_path / "prometheus" / "rules" / "glmserve-alerts.yml"
     doc = yaml.safe_load(alerts.read_text())
     for group in doc["groups"]:
         for rule in group["rules"]:
             if rule.get("alert") == ALERT:
-                rule["expr"] = rule["expr"].replace("< 1.5", "< 1.2")
+                rule["expr"] = rule["expr"].replace("< 1.5", f"< {moved_to}")
+                assert moved_to in rule["expr"]
     alerts.write_text(yaml.safe_dump(doc, sort_keys=False))
     proc = promtool(promtool_binary, "test", "rules", "tests/glmserve-mtp.test.yml",
                     cwd=tmp_path / "prometheus")  # fmt: skip
