@@ -16,8 +16,8 @@ Checks, on one recall prompt:
      fed transformers' own final hidden states, against recall_model's depth-1 draft logits;
   3. the 16-head widening: transformers on the widened checkpoint against the 8-head logits.
 Without --model it checks a seeded random model (weights scaled up so the logits are far from
-uniform); with it, that checkpoint (e.g. the built one). Writes a Markdown report (--out) and exits 1 if a
-difference exceeds --tolerance.
+uniform); with it, that checkpoint (e.g. the built one). Writes a Markdown report (--out) and
+exits 1 if a difference exceeds --tolerance.
 """
 
 from __future__ import annotations
