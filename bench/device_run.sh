@@ -171,7 +171,7 @@ accuracy)
   # every machine), then the bench runs under whatever is left, saving after every phase.
   model=$WORK/recall-mla
   step "plan (s): setup done at $((SECONDS - T0)); build the model ~5;" \
-    "11 servers start ~75 (warm JIT; cold ~200); 2k/8k/32k contexts ~60; stop ~15;" \
+    "12 servers start ~75 (warm JIT; cold ~200); 2k/8k/32k contexts ~60; stop ~15;" \
     "everything by ${ACCURACY_END_S:-500}, then logs + JIT cache ~30"
   gpu python3 bench/accuracy/recall_build.py --out "$model" 2>&1 | tee "$OUT/build.log"
   stop_leftover_servers

@@ -97,6 +97,11 @@ VARIANTS: dict[str, Variant] = {
     "native": Variant("FP8 KV, native FP8 decode"),
     "triton": Variant("FP8 KV, SGLang's triton backend (FP8 q)", backend="triton"),
     "bf16-8h": Variant("BF16 KV, 8 heads", heads=8, kv="bf16"),
+    # Beside gather-8h: the gather is bit-identical to this cast by construction, so an answer
+    # only gather-8h gets wrong is the gather's, one both get wrong is FlashInfer's on FP8 values.
+    "upstream-8h": Variant(
+        "FP8 KV, SGLang's full-pool cast, 8 heads", heads=8, gather="0", attention="gather"
+    ),
     "gather-8h": Variant("FP8 KV, gather-then-cast, 8 heads", heads=8, attention="gather"),
     "native-8h": Variant("FP8 KV, native FP8 decode, 8 heads", heads=8),
     "bf16-mtp": Variant("BF16 KV, MTP (EAGLE 3 steps)", kv="bf16", mtp=True),
