@@ -63,6 +63,10 @@ def test_bars() -> None:
         "upstream": {"2048": _res(0.99, 1e-3), "8192": _res(0.96, 2e-3)},
         "gather": {"2048": _res(0.99, 1e-3), "8192": _res(0.96, 2e-3)},
         "native": {"2048": _res(0.985, 1.2e-3), "8192": _res(0.97, 1e-3)},
+        # the 8-head paths against the 8-head cast (larger KL than the 16-head one's)
+        "upstream-8h": {"2048": _res(1.0, 5e-3)},
+        "gather-8h": {"2048": _res(1.0, 5e-3)},
+        "native-8h": {"2048": _res(1.0, 6e-3)},
         "bf16-mtp": {"2048": _res(1.0, accept=3.1), "8192": _res(0.97, accept=2.4)},
         "miswired": {"2048": _res(0.02), "8192": _res(0.6, errors=3)},
     }
@@ -72,6 +76,8 @@ def test_bars() -> None:
     assert not got["native accuracy within 1 point of BF16 KV at 2048"]  # 1.5 points down
     assert got["gather KL vs BF16 <= upstream's (+5 %) at 8192"]
     assert not got["native KL vs BF16 <= upstream's (+5 %) at 2048"]
+    assert got["gather-8h KL vs BF16 <= upstream-8h's (+5 %) at 2048"]
+    assert not got["native-8h KL vs BF16 <= upstream-8h's (+5 %) at 2048"]
     assert not got["MTP acceptance length >= 2.5 with BF16 KV (every context)"]
     assert got["miswired accuracy < 0.5 at 2048 (the check can fail)"]
     # a context with failed requests is not scored at all
