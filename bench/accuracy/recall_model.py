@@ -232,6 +232,12 @@ class MLA(nn.Module):
         k = torch.cat([k_nope, k_pe.unsqueeze(1).expand(b, self.heads, t, ROPE)], dim=-1)
         return k, F.pad(v, (0, QK_DIM - V_DIM))
 
+    def absorbed(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(w_kc, w_vc), each (heads, 128, 512): kv_b_proj split as MLA decode absorbs it (q_nope
+        through w_kc into the latent, the latent output back through w_vc)."""
+        w = self.kv_b_proj.weight.view(self.heads, NOPE + V_DIM, KV_LORA)
+        return w[:, :NOPE], w[:, NOPE:]
+
     def out(self, o: torch.Tensor) -> torch.Tensor:
         b, _, t, _ = o.shape
         return self.o_proj(o[..., :V_DIM].transpose(1, 2).reshape(b, t, self.heads * V_DIM))

@@ -78,8 +78,7 @@ def decoded_answers(native, model: rm.RecallModel, ids: torch.Tensor, n: int) ->
             q = a.queries(hn, pos)
             k, v = a.keys_values(rows)
             attn = a.out(rm.attend(q, k, v))  # the prefill's view of every position
-            w = a.kv_b_proj.weight.view(a.heads, rm.NOPE + rm.V_DIM, rm.KV_LORA)
-            w_kc, w_vc = w[:, : rm.NOPE], w[:, rm.NOPE :]
+            w_kc, w_vc = a.absorbed()
             qs = q[:, :, steps].transpose(1, 2).reshape(-1, a.heads, rm.QK_DIM)
             q_lat = torch.einsum("thn,hnc->thc", qs[..., : rm.NOPE], w_kc)
             out = torch.empty(q_lat.shape, dtype=torch.bfloat16)

@@ -136,8 +136,7 @@ def _absorbed_decode(layer: rm.Layer, x: torch.Tensor, fp8: bool) -> torch.Tenso
     if fp8:
         rows = rows.to(torch.float8_e4m3fn).to(rows.dtype)  # what an FP8 pool returns
     c, k_pe = rows.split([rm.KV_LORA, rm.ROPE], dim=-1)  # (B, T, 512), (B, T, 64)
-    w = a.kv_b_proj.weight.view(a.heads, rm.NOPE + rm.V_DIM, rm.KV_LORA)
-    w_kc, w_vc = w[:, : rm.NOPE], w[:, rm.NOPE :]  # (h, 128, 512) each
+    w_kc, w_vc = a.absorbed()  # (h, 128, 512) each
     q = a.queries(hn, pos)[:, :, -1]  # (B, h, 192)
     q_nope, q_pe = q[..., : rm.NOPE], q[..., rm.NOPE :]
     q_lat = torch.einsum("bhn,hnc->bhc", q_nope, w_kc)  # (B, h, 512)
