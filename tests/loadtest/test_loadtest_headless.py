@@ -175,26 +175,33 @@ import sys
 import glmserve.loadtest.plugin as p
 p.register()
 from locust.argument_parser import get_parser
-print(get_parser(default_config_files=[]).parse_args(sys.argv[1:]).web_host)
+ns = get_parser(default_config_files=[]).parse_args(sys.argv[2:])
+print(getattr(ns, sys.argv[1]))
 """
 
 
-def web_host(*args: str, env_host: str | None = None) -> str:
-    code = PARSE
-    env = {k: v for k, v in os.environ.items() if k != "LOCUST_WEB_HOST"}
+def bind_host(dest: str, *args: str, env_var: str, env_host: str | None = None) -> str:
+    env = {k: v for k, v in os.environ.items() if k != env_var}
     env["PYTHONPATH"] = str(ROOT / "src")  # this checkout's glmserve
     if env_host is not None:
-        env["LOCUST_WEB_HOST"] = env_host
-    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                         env=env, check=True)  # fmt: skip
+        env[env_var] = env_host
+    out = subprocess.run([sys.executable, "-c", PARSE, dest, *args], capture_output=True,
+                         text=True, env=env, check=True)  # fmt: skip
     return out.stdout.strip().splitlines()[-1]
 
 
-def test_web_ui_binds_loopback_unless_told_otherwise() -> None:
-    """Our default is 127.0.0.1; an explicit flag or LOCUST_WEB_HOST still wins."""
-    assert web_host() == "127.0.0.1"
-    assert web_host("--web-host", "0.0.0.0") == "0.0.0.0"
-    assert web_host(env_host="10.1.2.3") == "10.1.2.3"
+@pytest.mark.parametrize(
+    ("dest", "flag", "env_var"),
+    [
+        ("web_host", "--web-host", "LOCUST_WEB_HOST"),  # the web UI
+        ("master_bind_host", "--master-bind-host", "LOCUST_MASTER_BIND_HOST"),  # workers' port
+    ],
+)
+def test_what_locust_listens_on_is_loopback_unless_told_otherwise(dest, flag, env_var) -> None:
+    """Locust's default is every interface; ours is 127.0.0.1. A flag or the variable wins."""
+    assert bind_host(dest, env_var=env_var) == "127.0.0.1"
+    assert bind_host(dest, flag, "0.0.0.0", env_var=env_var) == "0.0.0.0"
+    assert bind_host(dest, env_var=env_var, env_host="10.1.2.3") == "10.1.2.3"
 
 
 REGISTER = """

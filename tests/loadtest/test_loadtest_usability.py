@@ -1,15 +1,18 @@
 """What a user of the Locust suite sees: the SLO verdict on screen, the suite's options in
 `--help`, the option named in a bad value, an unwritable --report-dir refused before the run,
-and the status code of a refused request in Locust's failure table."""
+the status code of a refused request in Locust's failure table, and no worker process left
+behind by a refused run."""
 
 from __future__ import annotations
 
 import csv
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from support.locust_run import ROOT, run_locust
 
@@ -91,3 +94,31 @@ def test_a_refused_request_shows_its_status_code(sse_server, tmp_path: Path) -> 
     (row,) = rows
     assert "'http_status: HTTP 503'" in row["Error"], rows
     assert run.summary["failures_total"]["http_status"] > 0  # the report keeps the reason
+
+
+@pytest.mark.parametrize("refusal", ["open loop", "report dir"])
+def test_a_refused_run_in_several_processes_leaves_no_worker_behind(tmp_path, refusal) -> None:
+    """With --processes, Locust forks the workers before the suite reads its options. A worker
+    that had not reached the master when the master refused (a loaded machine; here it never
+    can: its master port refuses connections) retried for five minutes after the master was
+    gone, holding the caller's pipes. Now the refusal stops the workers and returns at once."""
+    with socket.socket() as bound, socket.socket() as never_listens:
+        bound.bind(("127.0.0.1", 0))
+        never_listens.bind(("127.0.0.1", 0))  # bound, never listening: connections refused
+        master_bind_port = bound.getsockname()[1]
+        bound.close()
+        cluster = ["--processes", "2", "--master-bind-host", "127.0.0.1",
+                   "--master-bind-port", str(master_bind_port),
+                   "--master-port", str(never_listens.getsockname()[1])]  # fmt: skip
+        if refusal == "open loop":
+            report, args = tmp_path / "rep", ["--rate", "5"]
+        else:
+            (tmp_path / "a-file").write_text("")
+            report, args = tmp_path / "a-file" / "report", ["-u", "1"]
+        run = run_locust("http://127.0.0.1:9", report, *args, *cluster, timeout_s=60)
+    assert run.returncode == 2, run.output[-2000:]
+    lines = [ln for ln in run.output.splitlines() if ln.startswith("locust decode suite: ")]
+    assert len(lines) == 1, lines
+    left = [p.pid for p in psutil.process_iter(["cmdline"])
+            if str(report) in " ".join(p.info["cmdline"] or [])]  # fmt: skip
+    assert left == [], f"Locust processes of the refused run still running: {left}"

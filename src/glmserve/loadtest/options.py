@@ -13,9 +13,10 @@ ARRIVALS = ("poisson", "constant", "gamma")  # glmserve.loadtest.arrivals
 # Open loop without -u: the senders, i.e. the most requests one Locust process keeps in flight
 # (past that, arrivals are counted as missed); also the rate sweep's throughput streams.
 DEFAULT_SENDERS = 128
-# Locust binds its web UI to all interfaces unless told otherwise; a load generator that any
-# host on the network can start is not a safe default, so ours is loopback.
-DEFAULT_WEB_HOST = "127.0.0.1"
+# Locust binds its web UI and, as a master, its port for workers to all interfaces unless told
+# otherwise; a load generator that any host on the network can start or join is not a safe
+# default, so ours is loopback (workers on other hosts: --master-bind-host 0.0.0.0).
+DEFAULT_BIND_HOST = "127.0.0.1"
 # Exit code when an SLO percentile is breached: distinct from Locust's 1 (request failures)
 # and 2 (unhandled exception) so CI can tell "too slow" from "broken".
 EXIT_SLO_BREACH = 3
@@ -212,12 +213,14 @@ def _number(kind: type, value: Any, option: str) -> Any:
 
 
 def add_arguments(parser: Any) -> None:
-    """Add our options to Locust's (configargparse) parser and make the UI loopback-only.
+    """Add our options to Locust's (configargparse) parser and make the UI and the master's
+    worker port loopback-only.
 
-    `set_defaults` only changes the default: an explicit --web-host, LOCUST_WEB_HOST or a
-    locust.conf entry still wins, because configargparse treats those as given values.
+    `set_defaults` only changes the default: an explicit --web-host / --master-bind-host, their
+    LOCUST_* variables or a locust.conf entry still win, because configargparse treats those as
+    given values.
     """
-    parser.set_defaults(web_host=DEFAULT_WEB_HOST)
+    parser.set_defaults(web_host=DEFAULT_BIND_HOST, master_bind_host=DEFAULT_BIND_HOST)
     g = parser.add_argument_group("glmserve decode suite (docs/loadtest.md)")
     g.add_argument(
         "--shape",

@@ -13,11 +13,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 import gevent
 import locust
+import psutil
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
@@ -60,8 +61,7 @@ def _on_init(environment: Environment, **_: Any) -> None:
                 "--processes/--master/--worker (one process sends thousands of requests/s)"
             )
     except OptionsError as exc:
-        sys.stderr.write(f"locust decode suite: {exc}\n")
-        sys.exit(2)
+        _refuse(environment, str(exc))
     if options.open_loop and getattr(ns, "num_users", None) is None:
         # Locust turns an absent -u into 1 before the shape starts, and the options are read
         # again then: keep the open-loop default of senders instead.
@@ -69,27 +69,45 @@ def _on_init(environment: Environment, **_: Any) -> None:
     scheme = urlsplit(environment.host or "").scheme
     if environment.host and scheme not in ("http", "https"):
         # Anything else sends no request at all: a run with 0 requests that calls itself complete.
-        sys.stderr.write(
-            f"locust decode suite: target {environment.host!r} is not an http:// or https:// URL"
-            " (e.g. -H http://127.0.0.1:30000)\n"
+        _refuse(
+            environment,
+            f"target {environment.host!r} is not an http:// or https:// URL"
+            " (e.g. -H http://127.0.0.1:30000)",
         )
-        sys.exit(2)
     if not isinstance(environment.runner, WorkerRunner):
         problem = report_dir_problem(options.report_dir)
         if problem:
             # Found now, not after the whole run (a sweep's results were once lost this way).
-            sys.stderr.write(f"locust decode suite: {problem}\n")
-            sys.exit(2)
+            _refuse(environment, problem)
     if ns.headless and not isinstance(environment.runner, WorkerRunner):
         problem = unreachable(environment.host or "")
         if problem:
             # A run against nothing would only fill a report with connect failures. A target
             # that dies mid-run is different: those requests are counted as `connect` failures.
-            sys.stderr.write(f"locust decode suite: {problem}\n")
-            sys.exit(2)
+            _refuse(environment, problem)
     session = start_session(environment, options, prompts, workload)
     if not isinstance(environment.runner, WorkerRunner):
         _stop_on_sigterm(environment, session)
+
+
+def _refuse(environment: Environment, problem: str) -> NoReturn:
+    """The whole run refused before it starts: one line, exit 2, no process left behind."""
+    sys.stderr.write(f"locust decode suite: {problem}\n")
+    if isinstance(environment.runner, MasterRunner):
+        _stop_forked_workers()
+    sys.exit(2)
+
+
+def _stop_forked_workers() -> None:
+    """With --processes, Locust forks the workers before the init event. One that has not
+    reached the master yet retries for minutes after the master is gone (Locust's exit hook
+    drops the children it cannot reap at once), holding the terminal or a caller's pipes."""
+    children = psutil.Process().children()
+    for child in children:
+        child.terminate()
+    _, alive = psutil.wait_procs(children, timeout=3)
+    for child in alive:
+        child.kill()
 
 
 def _stop_on_sigterm(environment: Environment, session: Session) -> None:
