@@ -35,9 +35,10 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 
 # Lint, then every test. GPU tests skip visibly here (they run on the H200 through bench/);
-# stack tests skip without a Docker engine, and fail instead of skipping when CI=true.
+# stack tests skip without a Docker engine, and fail instead of skipping when CI=true. The 15
+# slowest tests are listed at the end: CI on a 2-core machine should stay under 20 minutes.
 test: lint
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest --durations=15 $(PYTEST_ARGS)
 
 # The no-GPU demo, with or without a registry: emulator + exporter + Prometheus (+ Grafana when
 # its image is here), then where to look (docker/demo.sh). CI runs it through tests/stack.
