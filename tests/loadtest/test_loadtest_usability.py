@@ -119,6 +119,7 @@ def test_a_refused_run_in_several_processes_leaves_no_worker_behind(tmp_path, re
     assert run.returncode == 2, run.output[-2000:]
     lines = [ln for ln in run.output.splitlines() if ln.startswith("locust decode suite: ")]
     assert len(lines) == 1, lines
+    assert "Traceback" not in run.output, run.output[-2000:]  # Locust's exit hook, too
     left = [p.pid for p in psutil.process_iter(["cmdline"])
             if str(report) in " ".join(p.info["cmdline"] or [])]  # fmt: skip
     assert left == [], f"Locust processes of the refused run still running: {left}"

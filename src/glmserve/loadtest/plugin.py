@@ -3,6 +3,7 @@ records, and the report + SLO exit code when Locust quits."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -101,13 +102,34 @@ def _refuse(environment: Environment, problem: str) -> NoReturn:
 def _stop_forked_workers() -> None:
     """With --processes, Locust forks the workers before the init event. One that has not
     reached the master yet retries for minutes after the master is gone (Locust's exit hook
-    drops the children it cannot reap at once), holding the terminal or a caller's pipes."""
+    drops the children it cannot reap at once), holding the terminal or a caller's pipes.
+    They are stopped here but not reaped: that exit hook reaps them, and logs a traceback in a
+    loop for 3 s for each child it cannot find."""
     children = psutil.Process().children()
     for child in children:
         child.terminate()
-    _, alive = psutil.wait_procs(children, timeout=3)
-    for child in alive:
-        child.kill()
+    if not _exited(children, timeout_s=3):
+        for child in children:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+        _exited(children, timeout_s=3)
+
+
+def _exited(children: list[psutil.Process], timeout_s: float) -> bool:
+    """Whether every child has exited (a zombie, or reaped) within the time, without reaping."""
+
+    def gone(child: psutil.Process) -> bool:
+        try:
+            return child.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    deadline = time.monotonic() + timeout_s
+    while not all(gone(c) for c in children):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def _stop_on_sigterm(environment: Environment, session: Session) -> None:
